@@ -1,0 +1,36 @@
+# Two commands do all the set-up on a fresh machine:
+#   make train   -- builds .venv if missing, trains the default model (configs/lm_shakespeare.py)
+#   make test    -- builds .venv if missing, runs the whole test suite
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+WORKDIR ?= runs/lm_shakespeare
+CONFIG ?= configs/lm_shakespeare.py
+PYTEST_ARGS ?=
+
+.PHONY: train test lint format lock clean-venv
+
+$(VENV)/.installed: pyproject.toml requirements-lock.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c requirements-lock.txt -e '.[test]'
+	touch $@
+
+train: $(VENV)/.installed
+	$(PY) train.py --config $(CONFIG) --workdir $(WORKDIR)
+
+test: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+format: $(VENV)/.installed
+	$(PY) -m ruff format . && $(PY) -m ruff check --fix .
+
+lock: $(VENV)/.installed
+	$(PY) -m pip freeze --exclude-editable | grep -v '^transformer' > requirements-lock.txt
+
+clean-venv:
+	rm -rf $(VENV)

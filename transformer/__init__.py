@@ -1,0 +1,1 @@
+"""A JAX + Flax Linen codebase for the Transformer family."""
