@@ -40,7 +40,9 @@ class ModelConfig:
   num_decoder_layers: int | None = None  # seq2seq decoder layers (None = num_layers)
   d_ff: int = 512  # feed-forward hidden width F
   max_len: int = 256  # longest sequence (learned positions, caches, validation)
-  position: str = "learned"  # sinusoidal | learned | rope | alibi | relative_t5 | relative_shaw | none
+  position: str = (
+    "learned"  # sinusoidal | learned | rope | alibi | relative_t5 | relative_shaw | none
+  )
   rope_theta: float = 10_000.0  # RoPE base wavelength
   relative_num_buckets: int = 32  # T5 relative-position buckets
   relative_max_distance: int = 128  # T5: distances beyond this share the last bucket
@@ -176,49 +178,125 @@ def gated_hidden_size(d_model: int, multiple_of: int = 256) -> int:
 NAMED_SIZES: dict[str, dict[str, Any]] = {
   # Vaswani et al. 2017, Table 3 (shared 37000 BPE vocabulary, post-LN, ReLU, sinusoidal).
   "transformer_base": dict(
-    family="seq2seq", vocab_size=37000, d_model=512, num_heads=8, num_layers=6, d_ff=2048,
-    max_len=256, position="sinusoidal", norm_position="post", activation="relu",
-    dropout_rate=0.1, scale_embeddings=True, tie_embeddings=True,
+    family="seq2seq",
+    vocab_size=37000,
+    d_model=512,
+    num_heads=8,
+    num_layers=6,
+    d_ff=2048,
+    max_len=256,
+    position="sinusoidal",
+    norm_position="post",
+    activation="relu",
+    dropout_rate=0.1,
+    scale_embeddings=True,
+    tie_embeddings=True,
   ),
   "transformer_big": dict(
-    family="seq2seq", vocab_size=37000, d_model=1024, num_heads=16, num_layers=6, d_ff=4096,
-    max_len=256, position="sinusoidal", norm_position="post", activation="relu",
-    dropout_rate=0.3, scale_embeddings=True, tie_embeddings=True,
+    family="seq2seq",
+    vocab_size=37000,
+    d_model=1024,
+    num_heads=16,
+    num_layers=6,
+    d_ff=4096,
+    max_len=256,
+    position="sinusoidal",
+    norm_position="post",
+    activation="relu",
+    dropout_rate=0.3,
+    scale_embeddings=True,
+    tie_embeddings=True,
   ),
   # Devlin et al. 2019, Section 3 (WordPiece 30522 vocabulary, 512 positions, 2 segments).
   "bert_base": dict(
-    family="encoder", vocab_size=30522, d_model=768, num_heads=12, num_layers=12, d_ff=3072,
-    max_len=512, position="learned", norm_position="post", activation="gelu",
-    type_vocab_size=2, norm_eps=1e-12, dropout_rate=0.1, attention_dropout_rate=0.1,
+    family="encoder",
+    vocab_size=30522,
+    d_model=768,
+    num_heads=12,
+    num_layers=12,
+    d_ff=3072,
+    max_len=512,
+    position="learned",
+    norm_position="post",
+    activation="gelu",
+    type_vocab_size=2,
+    norm_eps=1e-12,
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
   ),
   "bert_large": dict(
-    family="encoder", vocab_size=30522, d_model=1024, num_heads=16, num_layers=24, d_ff=4096,
-    max_len=512, position="learned", norm_position="post", activation="gelu",
-    type_vocab_size=2, norm_eps=1e-12, dropout_rate=0.1, attention_dropout_rate=0.1,
+    family="encoder",
+    vocab_size=30522,
+    d_model=1024,
+    num_heads=16,
+    num_layers=24,
+    d_ff=4096,
+    max_len=512,
+    position="learned",
+    norm_position="post",
+    activation="gelu",
+    type_vocab_size=2,
+    norm_eps=1e-12,
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
   ),
   # Radford et al. 2019, Table 2 (vocabulary 50257, context 1024, tied embeddings).
   "gpt2_small": dict(
-    family="decoder", vocab_size=50257, d_model=768, num_heads=12, num_layers=12, d_ff=3072,
-    max_len=1024, position="learned", activation="gelu", dropout_rate=0.1,
+    family="decoder",
+    vocab_size=50257,
+    d_model=768,
+    num_heads=12,
+    num_layers=12,
+    d_ff=3072,
+    max_len=1024,
+    position="learned",
+    activation="gelu",
+    dropout_rate=0.1,
     attention_dropout_rate=0.1,
   ),
   "gpt2_medium": dict(
-    family="decoder", vocab_size=50257, d_model=1024, num_heads=16, num_layers=24, d_ff=4096,
-    max_len=1024, position="learned", activation="gelu", dropout_rate=0.1,
+    family="decoder",
+    vocab_size=50257,
+    d_model=1024,
+    num_heads=16,
+    num_layers=24,
+    d_ff=4096,
+    max_len=1024,
+    position="learned",
+    activation="gelu",
+    dropout_rate=0.1,
     attention_dropout_rate=0.1,
   ),
   "gpt2_large": dict(
-    family="decoder", vocab_size=50257, d_model=1280, num_heads=20, num_layers=36, d_ff=5120,
-    max_len=1024, position="learned", activation="gelu", dropout_rate=0.1,
+    family="decoder",
+    vocab_size=50257,
+    d_model=1280,
+    num_heads=20,
+    num_layers=36,
+    d_ff=5120,
+    max_len=1024,
+    position="learned",
+    activation="gelu",
+    dropout_rate=0.1,
     attention_dropout_rate=0.1,
   ),
   # Dosovitskiy et al. 2021, Table 1 (B, L); Touvron et al. 2021, Table 1 (Ti, S).
   # ImageNet at 224 px, 1000 classes, [CLS] pooling, learned positions.
   **{
     f"vit_{name}/{patch}": dict(
-      family="vit", d_model=d, num_heads=n, num_layers=l, d_ff=f, image_size=224,
-      patch_size=patch, num_classes=1000, max_len=(224 // patch) ** 2 + 1,
-      position="learned", activation="gelu", norm_eps=1e-6, pooling="cls",
+      family="vit",
+      d_model=d,
+      num_heads=n,
+      num_layers=l,
+      d_ff=f,
+      image_size=224,
+      patch_size=patch,
+      num_classes=1000,
+      max_len=(224 // patch) ** 2 + 1,
+      position="learned",
+      activation="gelu",
+      norm_eps=1e-6,
+      pooling="cls",
     )
     for name, d, n, l, f in (
       ("ti", 192, 3, 12, 768),
@@ -298,13 +376,15 @@ def param_count(c: ModelConfig) -> int:
       + _stack_params(c, c.decoder_layers, cross=True)
       + head
     )
-  # encoder: backbone + MLM head (transform, norm, output bias; tied or not) + classifier.
+  # encoder: MaskedLM when num_classes == 0, else SequenceClassifier.
   embed += c.type_vocab_size * d
   embed_norm = _norm_params(c) if c.norm_position == "post" else 0
-  mlm_head = d * d + d + _norm_params(c) + c.vocab_size
-  mlm_head += 0 if c.tie_embeddings else d * c.vocab_size
-  classifier = (d * d + d + d * c.num_classes + c.num_classes) if c.num_classes else 0
-  return embed + embed_norm + _stack_params(c, c.num_layers, cross=False) + mlm_head + classifier
+  if c.num_classes:  # SequenceClassifier: pooler + classifier.
+    head = d * d + d + d * c.num_classes + c.num_classes
+  else:  # MaskedLM: transform, norm, output bias (+ untied output matrix).
+    head = d * d + d + _norm_params(c) + c.vocab_size
+    head += 0 if c.tie_embeddings else d * c.vocab_size
+  return embed + embed_norm + _stack_params(c, c.num_layers, cross=False) + head
 
 
 def flops_per_token(c: ModelConfig, seq_len: int, training: bool = True) -> float:

@@ -1,0 +1,139 @@
+"""The Transformer block and the layer stack (optionally scanned and rematerialised).
+
+Letters: B batch, T query length, S source length, D model dim.
+
+One `Block` serves every family: an encoder block is self-attention + feed-forward with a
+bidirectional `MaskInfo`; a decoder block is the same with a causal `MaskInfo`, plus
+cross-attention over the encoder output in encoder-decoder models.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.attention import MaskInfo, MultiHeadAttention
+from transformer.config import ModelConfig
+from transformer.layers import FeedForward, make_norm
+
+REMAT_POLICIES = {
+  "full": None,  # save nothing, recompute the whole block
+  "dots": jax.checkpoint_policies.checkpoint_dots,
+  "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def residual(config: ModelConfig, x: jax.Array, sublayer, norm_name: str, deterministic: bool):
+  """Pre-LN: x + drop(f(norm(x))). Post-LN (Vaswani et al.): norm(x + drop(f(x)))."""
+  drop = nn.Dropout(config.dropout_rate)
+  if config.norm_position == "pre":
+    return x + drop(sublayer(make_norm(config, norm_name)(x)), deterministic=deterministic)
+  return make_norm(config, norm_name)(x + drop(sublayer(x), deterministic=deterministic))
+
+
+class Block(nn.Module):
+  """Self-attention, optional cross-attention, feed-forward; each a residual sublayer."""
+
+  config: ModelConfig
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(
+    self,
+    x: jax.Array,
+    info: MaskInfo,
+    encoded: jax.Array | None = None,
+    cross_info: MaskInfo | None = None,
+    rel_table: jax.Array | None = None,
+    deterministic: bool = True,
+    decode: bool = False,
+  ) -> jax.Array:
+    """x: [B, T, D]; encoded: [B, S, D] for cross-attention. Returns [B, T, D]."""
+    c = self.config
+
+    def self_attention(h):
+      attn = MultiHeadAttention(c, name="self_attention")
+      return attn(h, None, info, rel_table, deterministic, decode)
+
+    x = residual(c, x, self_attention, "self_attention_norm", deterministic)
+    if self.cross_attention:
+
+      def cross_attention(h):
+        attn = MultiHeadAttention(c, is_cross=True, name="cross_attention")
+        return attn(h, encoded, cross_info, None, deterministic, False)
+
+      x = residual(c, x, cross_attention, "cross_attention_norm", deterministic)
+    ffn = FeedForward(c, name="ffn")
+    return residual(c, x, lambda h: ffn(h, deterministic), "ffn_norm", deterministic)
+
+
+class _ScanBlock(nn.Module):
+  """Adapts `Block` to nn.scan's (carry, *args) -> (carry, output) signature."""
+
+  config: ModelConfig
+  block: type
+  cross_attention: bool
+
+  @nn.compact
+  def __call__(self, x, *args):
+    return self.block(self.config, self.cross_attention, name="block")(x, *args), None
+
+
+class Stack(nn.Module):
+  """`num_layers` blocks (unrolled or nn.scan), the final norm for pre-LN, T5 bias table."""
+
+  config: ModelConfig
+  num_layers: int
+  cross_attention: bool = False
+
+  @nn.compact
+  def __call__(
+    self,
+    x: jax.Array,
+    info: MaskInfo,
+    encoded: jax.Array | None = None,
+    cross_info: MaskInfo | None = None,
+    deterministic: bool = True,
+    decode: bool = False,
+  ) -> jax.Array:
+    """x: [B, T, D] -> [B, T, D]."""
+    c = self.config
+    rel_table = None
+    if c.position == "relative_t5":  # One table per stack, shared by its layers (T5).
+      rel_table = self.param(
+        "rel_embedding", nn.initializers.normal(0.02), (c.relative_num_buckets, c.num_heads)
+      )
+    block = Block
+    if c.remat_policy != "none":
+      # Argument 0 is the module; deterministic (6) and decode (7) are Python bools.
+      block = nn.remat(block, policy=REMAT_POLICIES[c.remat_policy], static_argnums=(6, 7))
+    args = (info, encoded, cross_info, rel_table, deterministic, decode)
+    if c.scan_layers:
+      scanned = nn.scan(
+        _ScanBlock,
+        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * len(args),
+        length=self.num_layers,
+      )
+      x, _ = scanned(c, block, self.cross_attention, name="layers")(x, *args)
+    else:
+      for i in range(self.num_layers):
+        x = block(c, self.cross_attention, name=f"layer_{i}")(x, *args)
+    if c.norm_position == "pre":
+      x = make_norm(c, "final_norm")(x)
+    return x
+
+
+def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
+  """Decoder inputs: targets shifted right by one, PAD (0) as start token (as in T5).
+
+  With packed segment ids the first token of every segment also starts from 0.
+  targets: [B, T] -> [B, T].
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segment_ids is not None:
+    prev_seg = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(segment_ids == prev_seg, shifted, 0)
+  return shifted

@@ -1,0 +1,146 @@
+"""`DataConfig`: everything about a dataset that is not batch size, length or seed.
+
+A frozen dataclass; `DataConfig.from_mapping(config.data)` accepts an ml_collections
+`ConfigDict` (or any mapping) with a subset of the fields and rejects unknown ones.
+`PRESETS` names ready configurations for the data shipped in `data/`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from transformer.data.image_builders import FASHION_MNIST_LABELS
+from transformer.data.packing import OVERLONG_POLICIES
+
+KINDS = ("lm", "mlm", "classification", "seq2seq", "image")
+SOURCES = ("text", "pairs", "labelled", "idx", "image_folder", "tfds")
+TOKENIZERS = ("char", "byte", "sentencepiece", "none")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """What to read and how to turn it into batches. Invalid values raise `ValueError`."""
+
+  kind: str = "lm"  # lm | mlm | classification | seq2seq | image (the batch format)
+  source: str = "text"  # text | pairs | labelled | idx | image_folder (local files) | tfds
+  path: str = "data/tinyshakespeare.txt.gz"  # local file / folder, or TFDS name ('wmt14_translate/de-en')
+  data_dir: str | None = None  # prepared TFDS datasets; None = TFDS default (~/tensorflow_datasets)
+  train_split: str = "train"  # split to train on (TFDS split syntax allowed: 'train[:90%]')
+  eval_split: str = "validation"  # split evaluated by the eval iterators
+  validation_fraction: float = 0.05  # local text / tables / image folders: share for validation
+  test_fraction: float = 0.05  # local text / tables / image folders: share for test
+  text_column: str = "text"  # table column / TFDS feature with the text (lm, mlm, classification)
+  label_column: str = "label"  # table column / TFDS feature with the label
+  label_names: tuple[str, ...] | None = None  # label values in id order; None = sorted / from TFDS
+  source_column: str = "en"  # seq2seq: column / feature of the source language
+  target_column: str = "es"  # seq2seq: column / feature of the target language
+  tokenizer: str = "char"  # char | byte | sentencepiece | none (images)
+  vocab_size: int = 8000  # sentencepiece vocabulary size (char / byte: fixed by the data)
+  spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe
+  tokenizer_train_examples: int = 1_000_000  # records (evenly spaced) used to train the tokenizer
+  target_seq_len: int | None = None  # seq2seq target length T; None = seq_len (inputs length S)
+  windows: bool | None = None  # lm/mlm from a token stream; None = True for source 'text'
+  packing: bool = True  # pack examples into rows (lm without windows, mlm, seq2seq training)
+  mask_rate: float = 0.15  # mlm: fraction of tokens predicted (80% MASK, 10% random, 10% kept)
+  whole_word_masking: bool = False  # mlm: select whole words
+  overlong: str = "truncate"  # example longer than the row: truncate | skip | error (counted)
+  image_mean: tuple[float, ...] | None = None  # per-channel mean on [0, 1]; None = from train
+  image_std: tuple[float, ...] | None = None  # per-channel std on [0, 1]; None = from train
+  crop_padding: int = 0  # image training: random crop after zero padding by this many pixels
+  horizontal_flip: bool = False  # image training: random left-right flips
+  eval_batch_size: int | None = None  # None = the training batch size
+  num_epochs: int | None = None  # training passes; None = repeat forever
+  num_workers: int = 0  # grain worker processes
+  prefetch: int = 2  # batches kept ready ahead of the training loop
+  scan_examples: int = 2000  # records checked up front for length / unknown characters
+
+  def __post_init__(self):
+    for name, value, allowed in (
+      ("kind", self.kind, KINDS),
+      ("source", self.source, SOURCES),
+      ("tokenizer", self.tokenizer, TOKENIZERS),
+      ("overlong", self.overlong, OVERLONG_POLICIES),
+      ("spm_model_type", self.spm_model_type, ("unigram", "bpe")),
+    ):
+      if value not in allowed:
+        raise ValueError(f"DataConfig.{name} must be one of {allowed}, got {value!r}")
+    if (self.kind == "image") != (self.tokenizer == "none"):
+      raise ValueError(f"DataConfig: tokenizer 'none' goes with kind 'image' only (kind={self.kind!r}, tokenizer={self.tokenizer!r})")
+    if self.kind == "image" and self.source not in ("idx", "image_folder", "tfds"):
+      raise ValueError(f"DataConfig: kind 'image' needs source idx, image_folder or tfds, got {self.source!r}")
+    if self.kind != "image" and self.source in ("idx", "image_folder"):
+      raise ValueError(f"DataConfig: source {self.source!r} holds images, but kind is {self.kind!r}")
+    if self.kind == "seq2seq" and self.source not in ("pairs", "tfds"):
+      raise ValueError(f"DataConfig: kind 'seq2seq' needs source 'pairs' or 'tfds', got {self.source!r}")
+    if self.kind == "classification" and self.source not in ("labelled", "tfds"):
+      raise ValueError(f"DataConfig: kind 'classification' needs source 'labelled' or 'tfds', got {self.source!r}")
+    if not 0 < self.mask_rate < 1:
+      raise ValueError(f"DataConfig.mask_rate must lie in (0, 1), got {self.mask_rate}")
+    if self.vocab_size < 16:
+      raise ValueError(f"DataConfig.vocab_size must be >= 16, got {self.vocab_size}")
+    if self.num_workers < 0 or self.prefetch < 1 or self.crop_padding < 0:
+      raise ValueError("DataConfig: num_workers and crop_padding must be >= 0, prefetch >= 1")
+
+  @classmethod
+  def from_mapping(cls, values: Mapping[str, Any] | DataConfig) -> DataConfig:
+    """From a dict / ConfigDict (`to_dict()` is used when present); lists become tuples."""
+    if isinstance(values, DataConfig):
+      return values
+    if hasattr(values, "to_dict"):
+      values = values.to_dict()
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+      raise ValueError(f"DataConfig: unknown field(s) {unknown}; known: {sorted(names)}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+  def replace(self, **changes: Any) -> DataConfig:
+    return dataclasses.replace(self, **changes)
+
+  def to_dict(self) -> dict[str, Any]:
+    return dataclasses.asdict(self)
+
+  @property
+  def uses_windows(self) -> bool:
+    return self.source == "text" if self.windows is None else self.windows
+
+  def resolved_path(self) -> Path:
+    """`path` as given if it exists, else relative to the repository root (for `data/...`)."""
+    p = Path(self.path).expanduser()
+    if p.exists() or p.is_absolute():
+      return p
+    return REPO_ROOT / p
+
+
+_BIBLE = "data/bible_kjv_rv1909_en_es.tsv.gz"
+PRESETS: dict[str, DataConfig] = {
+  # nanoGPT's character-level shakespeare; validation = 5% after the first 90% of characters.
+  "shakespeare_char": DataConfig(),
+  "shakespeare_spm": DataConfig(tokenizer="sentencepiece", vocab_size=2048),
+  "shakespeare_mlm": DataConfig(kind="mlm", tokenizer="sentencepiece", vocab_size=2048),
+  "bible_en_es": DataConfig(
+    kind="seq2seq", source="pairs", path=_BIBLE, tokenizer="sentencepiece", vocab_size=8000,
+    source_column="en", target_column="es",
+  ),  # fmt: skip
+  "bible_es_en": DataConfig(
+    kind="seq2seq", source="pairs", path=_BIBLE, tokenizer="sentencepiece", vocab_size=8000,
+    source_column="es", target_column="en",
+  ),  # fmt: skip
+  "bible_testament": DataConfig(
+    kind="classification", source="labelled", path=_BIBLE, tokenizer="sentencepiece",
+    vocab_size=8000, text_column="en", label_column="testament", label_names=("OT", "NT"),
+  ),  # fmt: skip
+  "bible_mlm": DataConfig(
+    kind="mlm", source="labelled", path=_BIBLE, tokenizer="sentencepiece", vocab_size=8000,
+    text_column="en", label_column="testament", label_names=("OT", "NT"),
+  ),  # fmt: skip
+  "fashion_mnist": DataConfig(
+    kind="image", source="idx", path="data/fashion-mnist", tokenizer="none", eval_split="test",
+    label_names=FASHION_MNIST_LABELS, image_mean=(0.2860,), image_std=(0.3530,),
+    validation_fraction=0.0, test_fraction=0.0,
+  ),  # fmt: skip
+}

@@ -1,0 +1,341 @@
+"""`make_datasets`: one call from a `DataConfig` to training and evaluation iterators.
+
+The training loop needs no family details: it gets a checkpointable training iterator,
+a factory of finite evaluation iterators, and a `DataInfo` (vocabulary, classes, shapes,
+per-host batch size, up-front data statistics). Everything that can fail on bad input
+(missing files, malformed rows, an overlong example under `overlong='error'`) fails
+here, in the calling process, before any worker starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import grain
+import numpy as np
+
+from transformer.data import builders, features, image_builders, images, packing, pipeline
+from transformer.data.config import DataConfig
+from transformer.data.tokenizers import CharTokenizer, Tokenizer, get_tokenizer
+
+_IMAGE_STAT_EXAMPLES = 10_000
+_PACKING_PROBE_BATCHES = 8
+
+
+@dataclasses.dataclass
+class DataInfo:
+  """What the model and the loop need to know about the data."""
+
+  config: DataConfig
+  tokenizer: Tokenizer | None  # None for images
+  vocab_size: int  # tokenizer.vocab_size (ids 0..6 are PAD BOS EOS UNK MASK CLS SEP); 0 for images
+  num_classes: int  # classification / image; 0 otherwise
+  label_names: tuple[str, ...]
+  image_shape: tuple[int, ...] | None  # [H, W, C] for images
+  batch_size: int  # rows per batch on this host (global batch / process_count)
+  eval_batch_size: int  # rows per evaluation batch on this host
+  seq_len: int  # T (inputs length S for seq2seq)
+  target_seq_len: int  # seq2seq targets length T (= seq_len otherwise)
+  train_examples: int  # records (or stream windows) in the training split, all hosts
+  eval_examples: int  # records (or stream windows) in the evaluation split, all hosts
+  eval_batches: int  # batches one evaluation pass yields on every host
+  stats: dict[str, Any]  # overlong counts, unknown characters, packing efficiency, image stats
+
+  def batch_shapes(self, train: bool = True) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Key -> (shape, dtype) of every batch (fixed shapes; compile once)."""
+    b = self.batch_size if train else self.eval_batch_size
+    t, s = self.target_seq_len, self.seq_len
+    i32, f32 = np.dtype(np.int32), np.dtype(np.float32)
+    if self.config.kind == "image":
+      return {"image": ((b, *self.image_shape), f32), "label": ((b,), i32)}
+    if self.config.kind == "classification":
+      return {"inputs": ((b, s), i32), "segment_ids": ((b, s), i32), "positions": ((b, s), i32), "label": ((b,), i32)}
+    if self.config.kind == "seq2seq":
+      shapes = {k: ((b, s), i32) for k in ("inputs", "inputs_segment_ids", "inputs_positions")}
+      shapes |= {k: ((b, t), i32) for k in ("targets", "targets_segment_ids", "targets_positions")}
+      return shapes | {"weights": ((b, t), f32)}
+    return {k: ((b, s), f32 if k == "weights" else i32) for k in pipeline.BATCH_KEYS[self.config.kind]}
+
+
+@dataclasses.dataclass
+class _Splits:
+  train: Sequence
+  eval: Sequence
+  name: str  # names the data in errors: a local path, or the TFDS name
+  key: str  # identifies the data for caching tokenizers
+  label_names: tuple[str, ...] = ()
+  image_shape: tuple[int, ...] | None = None
+  text_keys: tuple[str, ...] = ("text",)
+
+
+def _open(cfg: DataConfig) -> _Splits:
+  """Prepares (local builders) or opens (TFDS names) the two splits as data sources."""
+  path, d = cfg.resolved_path(), cfg.data_dir
+  if cfg.source == "tfds":
+    return _open_tfds(cfg)
+  if cfg.source == "text":
+    b = builders.text_corpus(path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)
+  elif cfg.source == "pairs":
+    b = builders.sentence_pairs(path, [cfg.source_column, cfg.target_column], d,
+                                validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)  # fmt: skip
+  elif cfg.source == "labelled":
+    b = builders.labelled_text(path, cfg.text_column, cfg.label_column, d, label_names=cfg.label_names,
+                               validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)  # fmt: skip
+  elif cfg.source == "idx":
+    b = image_builders.idx_images(path, d, label_names=cfg.label_names, validation_fraction=cfg.validation_fraction)
+  else:
+    b = image_builders.image_folder(path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)
+  feats = b.info.features
+  splits = _Splits(
+    train=_split(b, cfg.train_split, str(path)),
+    eval=_split(b, cfg.eval_split, str(path)),
+    name=str(path),
+    key=f"{b.name}-{b.builder_config.name}",
+    label_names=tuple(feats["label"].names) if "label" in feats else (),
+    image_shape=tuple(feats["image"].shape) if "image" in feats else None,
+  )
+  if cfg.source == "pairs":
+    splits.text_keys = (cfg.source_column, cfg.target_column)
+  return splits
+
+
+def _split(builder: Any, split: str, name: str) -> Sequence:
+  available = list(builder.info.splits)
+  if split.split("[")[0] not in available:
+    raise ValueError(f"{name}: no split {split!r}; prepared splits: {available}")
+  return builder.as_data_source(split=split)
+
+
+def _open_tfds(cfg: DataConfig) -> _Splits:
+  import tensorflow_datasets as tfds
+
+  try:
+    builder = tfds.builder(cfg.path, data_dir=cfg.data_dir)
+    train, eval_ = (tfds.data_source(cfg.path, split=s, data_dir=cfg.data_dir, download=False)
+                    for s in (cfg.train_split, cfg.eval_split))  # fmt: skip
+  except Exception as e:  # TFDS raises several types for "not prepared here".
+    raise FileNotFoundError(
+      f"TFDS dataset {cfg.path!r} is not prepared in {cfg.data_dir or 'the TFDS default data dir'} "
+      f"as array_record ({type(e).__name__}: {e}). Prepare it first; see docs/DATA.md."
+    ) from e
+  feats = builder.info.features
+  label = feats[cfg.label_column] if cfg.label_column in feats else None
+  text_keys = (cfg.source_column, cfg.target_column) if cfg.kind == "seq2seq" else (cfg.text_column,)
+  return _Splits(
+    train=train, eval=eval_, name=cfg.path, key=cfg.path,
+    label_names=tuple(getattr(label, "names", None) or ()),
+    image_shape=tuple(feats["image"].shape) if cfg.kind == "image" else None,
+    text_keys=text_keys,
+  )  # fmt: skip
+
+
+def _spaced(source: Sequence, limit: int) -> Iterator[int]:
+  """Up to `limit` evenly spaced record indices, in order."""
+  n = len(source)
+  return iter(range(0, n, max(1, -(-n // limit)))) if n else iter(())
+
+
+def _tokenizer(cfg: DataConfig, splits: _Splits, workdir: str | os.PathLike) -> Tokenizer:
+  def texts() -> Iterator[str]:
+    for i in _spaced(splits.train, cfg.tokenizer_train_examples):
+      record = splits.train[i]
+      for key in splits.text_keys:
+        yield features.text_of(record, key)
+
+  cache = Path(workdir) / "tokenizers" / re.sub(r"[^\w.+-]", "_", splits.key)
+  return get_tokenizer(cfg.tokenizer, cache, texts, cfg.vocab_size, cfg.spm_model_type)
+
+
+def _scan(cfg: DataConfig, splits: _Splits, tok: Tokenizer, seq_len: int, target_len: int) -> dict[str, Any]:
+  """Counts overlong examples in a sample of each split (raises under 'error')."""
+  extra = {"lm": 2, "mlm": 2, "classification": 1}  # BOS+EOS, CLS+SEP, CLS
+  limits = {"lm": seq_len + 1, "mlm": seq_len, "classification": seq_len}
+  stats: dict[str, Any] = {}
+  for split, source in (("train", splits.train), ("eval", splits.eval)):
+    over, seen = 0, 0
+    for i in _spaced(source, cfg.scan_examples):
+      record = source[i]
+      if cfg.kind == "seq2seq":
+        sizes = [(len(tok.encode_array(features.text_of(record, k))) + 1, n)
+                 for k, n in ((cfg.source_column, seq_len), (cfg.target_column, target_len))]  # fmt: skip
+      else:
+        sizes = [(len(tok.encode_array(features.text_of(record, splits.text_keys[0]))) + extra[cfg.kind], limits[cfg.kind])]
+      seen += 1
+      if any(n > limit for n, limit in sizes):
+        over += 1
+        if cfg.overlong == "error":
+          raise ValueError(f"{features.where(splits.name, i, record)}: example of {sizes} tokens (length, limit) is too long")
+    stats[f"{split}_overlong"] = (over, seen)
+    if over:
+      logging.warning("%s [%s]: %d of %d sampled examples exceed the row length (%s)", splits.name, split, over, seen, cfg.overlong)
+  if isinstance(tok, CharTokenizer):
+    unknown: Counter[str] = Counter()
+    for i in _spaced(splits.eval, cfg.scan_examples):
+      unknown += tok.unknown_chars(features.text_of(splits.eval[i], splits.text_keys[0]))
+    stats["eval_unknown_chars"] = dict(unknown)
+    if unknown:
+      logging.warning("%s: characters outside the vocabulary map to UNK: %s", splits.name, dict(unknown))
+  return stats
+
+
+@dataclasses.dataclass
+class _Context:
+  """What the per-family dataset constructors share."""
+
+  cfg: DataConfig
+  splits: _Splits
+  tok: Tokenizer | None
+  seq_len: int
+  target_len: int
+  seed: int
+  loader: pipeline.Loader
+  streams: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # windows: split -> tokens
+  image_mean: tuple[float, ...] = ()
+  image_std: tuple[float, ...] = ()
+
+  def source(self, train: bool) -> Sequence:
+    split = "train" if train else "eval"
+    if split in self.streams:
+      return self.streams[split]
+    return self.splits.train if train else self.splits.eval
+
+  @property
+  def text_key(self) -> str:
+    return "text" if self.cfg.source == "labelled" else self.splits.text_keys[0]
+
+  @property
+  def label_key(self) -> str:
+    return self.cfg.label_column if self.cfg.source == "tfds" else "label"
+
+  def common(self) -> dict[str, Any]:
+    return {"seed": self.seed, "loader": self.loader}
+
+  def text_common(self) -> dict[str, Any]:
+    return {**self.common(), "seq_len": self.seq_len, "source_name": self.splits.name}
+
+
+def _lm(c: _Context, train: bool, b: int) -> grain.IterDataset:
+  return pipeline.lm_dataset(
+    c.source(train), c.tok, batch_size=b, train=train, windows=c.cfg.uses_windows,
+    packed=c.cfg.packing, text_key=c.text_key, **c.text_common(),
+  )  # fmt: skip
+
+
+def _mlm(c: _Context, train: bool, b: int) -> grain.IterDataset:
+  return pipeline.mlm_dataset(
+    c.source(train), c.tok, batch_size=b, train=train, windows=c.cfg.uses_windows,
+    packed=c.cfg.packing, text_key=c.text_key, mask_rate=c.cfg.mask_rate,
+    whole_word=c.cfg.whole_word_masking, **c.text_common(),
+  )  # fmt: skip
+
+
+def _classification(c: _Context, train: bool, b: int) -> grain.IterDataset:
+  return pipeline.classification_dataset(
+    c.source(train), c.tok, batch_size=b, train=train, text_key=c.text_key,
+    label_key=c.label_key, **c.text_common(),
+  )  # fmt: skip
+
+
+def _seq2seq(c: _Context, train: bool, b: int) -> grain.IterDataset:
+  return pipeline.seq2seq_dataset(
+    c.source(train), c.tok, inputs_len=c.seq_len, targets_len=c.target_len, batch_size=b,
+    train=train, packed=c.cfg.packing, source_key=c.cfg.source_column,
+    target_key=c.cfg.target_column, source_name=c.splits.name, **c.common(),
+  )  # fmt: skip
+
+
+def _image(c: _Context, train: bool, b: int) -> grain.IterDataset:
+  return pipeline.image_dataset(
+    c.source(train), batch_size=b, train=train, mean=c.image_mean, std=c.image_std,
+    crop_padding=c.cfg.crop_padding, flip=c.cfg.horizontal_flip, label_key=c.label_key,
+    **c.common(),
+  )  # fmt: skip
+
+
+_FAMILIES = {"lm": _lm, "mlm": _mlm, "classification": _classification, "seq2seq": _seq2seq, "image": _image}
+
+
+def make_datasets(
+  data_config: DataConfig | Any,
+  workdir: str | os.PathLike,
+  batch_size: int,
+  seq_len: int,
+  seed: int,
+  process_index: int | None = None,
+  process_count: int | None = None,
+) -> tuple[grain.DatasetIterator, Callable[[], Iterator[dict[str, np.ndarray]]], DataInfo]:
+  """Training iterator, evaluation-iterator factory and `DataInfo` for any family.
+
+  Args:
+    data_config: a `DataConfig` or a mapping / ConfigDict of its fields.
+    workdir: the run directory; trained tokenizers are cached under `workdir/tokenizers`.
+    batch_size: global batch size; each host yields `batch_size // process_count` rows.
+    seq_len: T (the inputs length S for seq2seq; targets use `target_seq_len` or T).
+      Ignored for images.
+    seed: seeds shuffling, packing, masking and augmentation.
+    process_index, process_count: this host and the number of hosts (default: jax's).
+
+  Returns:
+    `(train_iter, eval_iter_factory, info)`: `train_iter` is a checkpointable
+    `grain.DatasetIterator` (infinite unless `num_epochs` is set); each call of
+    `eval_iter_factory()` gives a fresh pass over the evaluation split.
+  """
+  cfg = DataConfig.from_mapping(data_config)
+  loader = pipeline.Loader(
+    process_index=process_index, process_count=process_count, num_epochs=cfg.num_epochs,
+    num_workers=cfg.num_workers, worker_buffer=cfg.prefetch, overlong=cfg.overlong,
+  )  # fmt: skip
+  _, count = loader.host()
+  eval_batch = cfg.eval_batch_size or batch_size
+  for name, b in (("batch_size", batch_size), ("eval_batch_size", eval_batch)):
+    if b % count:
+      raise ValueError(f"{name} {b} is not divisible by process_count {count}")
+  per_host, eval_per_host = batch_size // count, eval_batch // count
+  splits = _open(cfg)
+  c = _Context(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
+  windows = cfg.uses_windows and cfg.kind in ("lm", "mlm")
+  if cfg.kind == "image":
+    c.image_mean, c.image_std, stats = _image_stats(cfg, splits)
+  else:
+    c.tok = _tokenizer(cfg, splits, workdir)
+    stats = {} if windows else _scan(cfg, splits, c.tok, seq_len, c.target_len)
+  if windows:
+    c.streams = {s: pipeline.token_stream(src, c.tok, c.text_key) for s, src in (("train", splits.train), ("eval", splits.eval))}
+  family = _FAMILIES[cfg.kind]
+  train_ds, eval_ds = family(c, True, per_host), family(c, False, eval_per_host)
+  if cfg.packing and not windows and cfg.kind in ("lm", "mlm", "seq2seq"):
+    key = "targets_segment_ids" if cfg.kind == "seq2seq" else "segment_ids"
+    probe = dataclasses.replace(c, loader=dataclasses.replace(loader, num_workers=0))
+    it = iter(family(probe, True, per_host))
+    stats["packing_efficiency"] = float(np.mean([packing.packing_efficiency(next(it)[key]) for _ in range(_PACKING_PROBE_BATCHES)]))
+    it.close()
+  n_train, n_eval = len(c.source(True)), len(c.source(False))
+  if windows:
+    span = seq_len if cfg.kind == "lm" else seq_len - 2
+    n_train, n_eval = n_train - span, len(range(0, n_eval - 1, span))
+  info = DataInfo(
+    config=cfg, tokenizer=c.tok, vocab_size=c.tok.vocab_size if c.tok else 0,
+    num_classes=len(splits.label_names) if cfg.kind in ("classification", "image") else 0,
+    label_names=splits.label_names, image_shape=splits.image_shape, batch_size=per_host,
+    eval_batch_size=eval_per_host, seq_len=seq_len, target_seq_len=c.target_len,
+    train_examples=n_train, eval_examples=n_eval,
+    eval_batches=-(-(-(-n_eval // count)) // eval_per_host), stats=stats,
+  )  # fmt: skip
+  logging.info("data: %s", {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "tokenizer")})
+  return iter(train_ds), lambda: iter(eval_ds), info
+
+
+def _image_stats(cfg: DataConfig, splits: _Splits) -> tuple[tuple[float, ...], tuple[float, ...], dict]:
+  if cfg.image_mean is not None and cfg.image_std is not None:
+    return cfg.image_mean, cfg.image_std, {}
+  sample = (np.asarray(splits.train[i]["image"]) for i in _spaced(splits.train, _IMAGE_STAT_EXAMPLES))
+  mean, std = images.channel_stats(im if im.ndim == 3 else im[..., None] for im in sample)
+  mean, std = cfg.image_mean or mean, cfg.image_std or std
+  return mean, std, {"image_mean": mean, "image_std": std}

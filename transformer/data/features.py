@@ -1,0 +1,217 @@
+"""Per-example transforms from source records to model features, one class per family.
+
+Each transform is a small picklable callable (grain may run it in worker processes).
+Records are TFDS data-source dicts (text as UTF-8 bytes). Transforms receive
+`(index, record)`; `index` and the record's `line` (local builders) name the example in
+errors. Token rows use the id convention of `tokenizers` (0 = PAD, ...).
+
+Shapes: T row length (targets length in seq2seq), S inputs length in seq2seq,
+H, W, C image height, width, channels.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from transformer.data import images, masking, packing
+from transformer.data.tokenizers import BOS_ID, CLS_ID, EOS_ID, SEP_ID, Tokenizer
+
+Record = Mapping[str, Any]
+
+
+def text_of(record: Record, key: str) -> str:
+  value = record[key]
+  return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def where(source_name: str, index: int, record: Record) -> str:
+  """'file:line' for local data, 'name[record i]' otherwise."""
+  if "line" in record:
+    return f"{source_name}:{int(record['line'])}"
+  return f"{source_name}[record {index}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Windows:
+  """A window of the token stream starting at `start`: int32 [T] `inputs`, `targets`, ...
+
+  `targets` are the next tokens. A window cut short by the end of the stream is padded
+  (weights 0, segment id 0).
+  """
+
+  tokens: np.ndarray  # int32 [N], the whole split
+  seq_len: int
+
+  def __call__(self, start: int) -> dict[str, np.ndarray]:
+    t = self.seq_len
+    w = self.tokens[start : start + t + 1]  # [<= T + 1]
+    ex = packing.pad_example({"inputs": w[:-1], "targets": w[1:]}, {"inputs": t, "targets": t})
+    return lm_batch_features(ex)
+
+
+def lm_batch_features(ex: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Packed / padded `inputs` + `targets` -> the LM batch keys."""
+  return {
+    "inputs": ex["inputs"],
+    "targets": ex["targets"],
+    "weights": (ex["targets_segment_ids"] > 0).astype(np.float32),
+    "segment_ids": ex["inputs_segment_ids"],
+    "positions": ex["inputs_positions"],
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class LMExample:
+  """A record -> `inputs` = [BOS] + text, `targets` = text + [EOS] (unpadded, <= T each)."""
+
+  tokenizer: Tokenizer
+  seq_len: int
+  text_key: str = "text"
+  overlong: str = "truncate"
+  source_name: str = ""
+
+  def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
+    index, record = item
+    ids = np.concatenate([[BOS_ID], self.tokenizer.encode_array(text_of(record, self.text_key)), [EOS_ID]])
+    ids = packing.fit_length(ids, self.seq_len + 1, self.overlong, where(self.source_name, index, record))
+    if ids is None:
+      return None
+    ids = ids.astype(np.int32)
+    return {"inputs": ids[:-1], "targets": ids[1:]}
+
+
+@dataclasses.dataclass(frozen=True)
+class MLMExample:
+  """A record -> `inputs` = [CLS] + text + [SEP] (unpadded, <= T)."""
+
+  tokenizer: Tokenizer
+  seq_len: int
+  text_key: str = "text"
+  overlong: str = "truncate"
+  source_name: str = ""
+
+  def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
+    index, record = item
+    ids = self.tokenizer.encode_array(text_of(record, self.text_key))
+    ids = packing.fit_length(ids, self.seq_len - 2, self.overlong, where(self.source_name, index, record))
+    if ids is None:
+      return None
+    return {"inputs": np.concatenate([[CLS_ID], ids, [SEP_ID]]).astype(np.int32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class MLMWindow:
+  """A stream window of T - 2 tokens -> `inputs` = [CLS] + window + [SEP] (<= T)."""
+
+  tokens: np.ndarray  # int32 [N]
+  seq_len: int
+
+  def __call__(self, start: int) -> dict[str, np.ndarray]:
+    w = self.tokens[start : start + self.seq_len - 2]
+    return {"inputs": np.concatenate([[CLS_ID], w, [SEP_ID]]).astype(np.int32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Mask:
+  """Packed / padded `inputs` -> the MLM batch keys, corrupted by `masking.mask_tokens`."""
+
+  tokenizer: Tokenizer
+  mask_rate: float = 0.15
+  whole_word: bool = False
+
+  def __call__(self, ex: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+    ids = ex["inputs"]  # [T]
+    starts = self.tokenizer.word_starts(ids) if self.whole_word else None
+    inputs, weights = masking.mask_tokens(
+      ids, rng, self.tokenizer.vocab_size, mask_rate=self.mask_rate, word_starts=starts
+    )
+    return {
+      "inputs": inputs,
+      "targets": ids.astype(np.int32),
+      "weights": weights,
+      "segment_ids": ex["inputs_segment_ids"],
+      "positions": ex["inputs_positions"],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Classification:
+  """A record -> `inputs` [CLS] + text padded to T, `segment_ids`, `positions`, `label`."""
+
+  tokenizer: Tokenizer
+  seq_len: int
+  text_key: str = "text"
+  label_key: str = "label"
+  overlong: str = "truncate"
+  source_name: str = ""
+
+  def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
+    index, record = item
+    ids = self.tokenizer.encode_array(text_of(record, self.text_key))
+    ids = packing.fit_length(ids, self.seq_len - 1, self.overlong, where(self.source_name, index, record))
+    if ids is None:
+      return None
+    ex = packing.pad_example({"inputs": np.concatenate([[CLS_ID], ids])}, {"inputs": self.seq_len})
+    return {
+      "inputs": ex["inputs"],
+      "segment_ids": ex["inputs_segment_ids"],
+      "positions": ex["inputs_positions"],
+      "label": np.int32(record[self.label_key]),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Translation:
+  """A record -> `inputs` = source + [EOS], `targets` = target + [EOS] (unpadded)."""
+
+  tokenizer: Tokenizer
+  inputs_len: int
+  targets_len: int
+  source_key: str
+  target_key: str
+  overlong: str = "truncate"
+  source_name: str = ""
+
+  def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
+    index, record = item
+    out = {}
+    for name, key, length in (("inputs", self.source_key, self.inputs_len), ("targets", self.target_key, self.targets_len)):
+      ids = self.tokenizer.encode_array(text_of(record, key))
+      ids = packing.fit_length(ids, length - 1, self.overlong, f"{where(self.source_name, index, record)} ({key})")
+      if ids is None:
+        return None
+      out[name] = np.concatenate([ids, [EOS_ID]]).astype(np.int32)
+    return out
+
+
+def seq2seq_batch_features(ex: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Packed / padded translation features -> the seq2seq batch keys (adds `weights`)."""
+  keys = ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids", "inputs_positions", "targets_positions")
+  out = {k: ex[k] for k in keys}
+  out["weights"] = (ex["targets_segment_ids"] > 0).astype(np.float32)
+  return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Image:
+  """A record -> `image` float32 [H, W, C] (augmented if training, normalised), `label`."""
+
+  mean: Sequence[float]
+  std: Sequence[float]
+  crop_padding: int = 0
+  flip: bool = False
+  image_key: str = "image"
+  label_key: str = "label"
+
+  def __call__(self, item: tuple[int, Record], rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+    _, record = item
+    image = np.asarray(record[self.image_key])
+    if image.ndim == 2:
+      image = image[..., None]  # [H, W, 1]
+    if rng is not None:
+      image = images.augment(image, rng, self.crop_padding, self.flip)
+    return {"image": images.normalize(image, self.mean, self.std), "label": np.int32(record[self.label_key])}

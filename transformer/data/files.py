@@ -1,0 +1,151 @@
+"""Reading local source files strictly: text, delimited tables and IDX arrays.
+
+Every reader fails loudly with the file (and line, where there is one) in the message:
+`FileNotFoundError` for a missing path, `ValueError` for content that cannot be read
+as promised (undecodable bytes, a malformed row, an empty file, a corrupt IDX header).
+Files ending in `.gz` are decompressed transparently.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+
+TEXT_SUFFIXES = (".txt", ".txt.gz")
+
+# IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT").
+_IDX_DTYPES = {
+  0x08: np.dtype(np.uint8),
+  0x09: np.dtype(np.int8),
+  0x0B: np.dtype(">i2"),
+  0x0C: np.dtype(">i4"),
+  0x0D: np.dtype(">f4"),
+  0x0E: np.dtype(">f8"),
+}
+
+
+def existing(path: str | os.PathLike) -> Path:
+  """Returns `path` as a `Path`, or raises `FileNotFoundError` naming it."""
+  p = Path(path)
+  if not p.exists():
+    raise FileNotFoundError(f"{p}: no such file or directory")
+  return p
+
+
+def read_bytes(path: str | os.PathLike) -> bytes:
+  """The (decompressed, for `.gz`) bytes of a file."""
+  p = existing(path)
+  if p.is_dir():
+    raise ValueError(f"{p}: is a directory, expected a file")
+  data = p.read_bytes()
+  if p.name.endswith(".gz"):
+    try:
+      data = gzip.decompress(data)
+    except (OSError, EOFError) as e:
+      raise ValueError(f"{p}: not a valid gzip file ({e})") from e
+  return data
+
+
+def decode_utf8(data: bytes, path: str | os.PathLike) -> str:
+  """Decodes UTF-8 strictly; on failure the error names the file, line and column."""
+  try:
+    return data.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = data.count(b"\n", 0, e.start) + 1
+    column = e.start - (data.rfind(b"\n", 0, e.start) + 1) + 1
+    bad = data[e.start : e.end]
+    raise ValueError(
+      f"{path}:{line}: invalid UTF-8 byte(s) {bad!r} at column {column} (byte offset {e.start})"
+    ) from e
+
+
+def read_text(path: str | os.PathLike) -> str:
+  """The whole file as a `str` (strict UTF-8; newlines kept exactly as stored)."""
+  return decode_utf8(read_bytes(path), path)
+
+
+def text_files(path: str | os.PathLike) -> list[Path]:
+  """A text file, or every `.txt` / `.txt.gz` file under a folder in sorted order."""
+  p = existing(path)
+  if p.is_file():
+    return [p]
+  files = sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(TEXT_SUFFIXES))
+  if not files:
+    raise ValueError(f"{p}: folder holds no {' or '.join(TEXT_SUFFIXES)} files")
+  return files
+
+
+def read_table(
+  path: str | os.PathLike, columns: Sequence[str], delimiter: str | None = None
+) -> Iterator[tuple[int, dict[str, str]]]:
+  """Yields `(line_number, {column: value})` for each data row of a TSV / CSV file.
+
+  The first row is the header and must name every column in `columns`. The delimiter is
+  a tab for `.tsv` / `.tsv.gz` (no quoting: fields hold no tabs or newlines) and a comma
+  with standard CSV quoting otherwise, unless given. A row with the wrong number of
+  fields raises `ValueError` naming the file and line.
+  """
+  text = read_text(path)
+  name = Path(path).name.removesuffix(".gz")
+  if delimiter is None:
+    delimiter = "\t" if name.endswith(".tsv") else ","
+  quoting = csv.QUOTE_NONE if delimiter == "\t" else csv.QUOTE_MINIMAL
+  reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, quoting=quoting)
+  try:
+    header = next(reader)
+  except StopIteration:
+    raise ValueError(f"{path}: empty file, expected a header row") from None
+  missing = [c for c in columns if c not in header]
+  if missing:
+    raise ValueError(f"{path}:1: header {header} lacks column(s) {missing}")
+  where = [header.index(c) for c in columns]
+  line = reader.line_num
+  for row in reader:
+    if not row:  # A blank line (typically a trailing one).
+      line = reader.line_num
+      continue
+    if len(row) != len(header):
+      raise ValueError(
+        f"{path}:{line + 1}: expected {len(header)} fields ({delimiter!r}-separated), "
+        f"got {len(row)}"
+      )
+    yield line + 1, {c: row[i] for c, i in zip(columns, where, strict=True)}
+    line = reader.line_num
+
+
+def read_idx(path: str | os.PathLike) -> np.ndarray:
+  """An IDX file (the MNIST / Fashion-MNIST format) as a NumPy array of its shape."""
+  data = read_bytes(path)
+  if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] not in _IDX_DTYPES:
+    raise ValueError(f"{path}: not an IDX file (bad magic number {data[:4]!r})")
+  dtype, ndim = _IDX_DTYPES[data[2]], data[3]
+  header = 4 + 4 * ndim
+  if ndim == 0 or len(data) < header:
+    raise ValueError(f"{path}: truncated IDX header")
+  shape = tuple(int(d) for d in np.frombuffer(data, ">u4", count=ndim, offset=4))
+  expected = header + int(np.prod(shape)) * dtype.itemsize
+  if len(data) != expected:
+    raise ValueError(f"{path}: IDX header says shape {shape} ({expected} bytes), file has {len(data)}")
+  return np.frombuffer(data, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
+
+
+def fingerprint(paths: Sequence[Path], *extra: object, content: bool = True) -> str:
+  """A short hash of the files (content, or name + size + mtime) and `extra` settings."""
+  h = hashlib.sha256(repr(extra).encode())
+  for p in paths:
+    h.update(str(p.name).encode())
+    if content:
+      with open(p, "rb") as f:
+        for block in iter(lambda f=f: f.read(1 << 20), b""):
+          h.update(block)
+    else:
+      st = p.stat()
+      h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
+  return h.hexdigest()[:10]

@@ -1,0 +1,55 @@
+"""Image preprocessing: per-channel normalisation and seeded augmentation.
+
+Shapes: H height, W width, C channels. Inputs are uint8 [H, W, C]; outputs of
+`normalize` are float32 [H, W, C] with values (x / 255 - mean) / std.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+
+def channel_stats(images: Iterable[np.ndarray]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+  """Per-channel mean and std of uint8 images on the [0, 1] scale."""
+  total, total_sq, count = 0.0, 0.0, 0
+  for im in images:
+    x = np.asarray(im, np.float64).reshape(-1, im.shape[-1]) / 255.0  # [H*W, C]
+    total = total + x.sum(0)
+    total_sq = total_sq + (x * x).sum(0)
+    count += x.shape[0]
+  if not count:
+    raise ValueError("no images to compute channel statistics from")
+  mean = total / count
+  std = np.sqrt(np.maximum(total_sq / count - mean * mean, 0.0))
+  return tuple(float(m) for m in mean), tuple(float(max(s, 1e-6)) for s in std)
+
+
+def normalize(image: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
+  """uint8 [H, W, C] -> float32 [H, W, C], (x / 255 - mean) / std per channel."""
+  x = np.asarray(image, np.float32) / 255.0
+  return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
+
+
+def random_crop(image: np.ndarray, padding: int, rng: np.random.Generator) -> np.ndarray:
+  """Zero-pads `padding` pixels on each side, then crops back to [H, W] at a random offset."""
+  if padding <= 0:
+    return image
+  h, w = image.shape[:2]
+  padded = np.pad(image, ((padding, padding), (padding, padding), (0, 0)))  # [H+2p, W+2p, C]
+  top, left = rng.integers(0, 2 * padding + 1, size=2)
+  return padded[top : top + h, left : left + w]  # [H, W, C]
+
+
+def random_flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+  """Mirrors left-right with probability 1/2."""
+  return image[:, ::-1] if rng.random() < 0.5 else image
+
+
+def augment(image: np.ndarray, rng: np.random.Generator, crop_padding: int, flip: bool) -> np.ndarray:
+  """Random crop (if `crop_padding` > 0) then random horizontal flip (if `flip`)."""
+  image = random_crop(image, crop_padding, rng)
+  if flip:
+    image = random_flip(image, rng)
+  return np.ascontiguousarray(image)

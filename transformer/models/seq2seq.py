@@ -1,0 +1,104 @@
+"""Encoder-decoder Transformer (Vaswani et al. 2017; T5 with relative positions / RMSNorm).
+
+Letters: B batch, S source length, T target length, D model dim, V vocabulary.
+Source and target share one vocabulary and one embedding table; with `tie_embeddings`
+the output logits also use it (Vaswani et al. 3.4).
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.attention import MaskInfo
+from transformer.blocks import Stack, shift_right
+from transformer.config import ModelConfig
+from transformer.layers import Embedder, compute_dtype, default_positions, make_embed
+
+
+def _segments(tokens: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+  return (tokens != 0).astype(jnp.int32) if segment_ids is None else segment_ids
+
+
+class EncoderDecoder(nn.Module):
+  """`__call__(inputs, targets)` for training; `encode` + `decode` for generation."""
+
+  config: ModelConfig
+
+  def setup(self):
+    c = self.config
+    self.embed = make_embed(c, c.vocab_size, "shared_embed")
+    self.encoder_embedder = Embedder(c, self.embed)
+    self.decoder_embedder = Embedder(c, self.embed)
+    self.encoder = Stack(c, c.num_layers, name="encoder")
+    self.decoder = Stack(c, c.decoder_layers, cross_attention=True, name="decoder")
+    if not c.tie_embeddings:
+      self.lm_head = nn.Dense(c.vocab_size, use_bias=False, dtype=compute_dtype(c))
+
+  def encode(
+    self,
+    inputs: jax.Array,
+    inputs_segment_ids: jax.Array | None = None,
+    inputs_positions: jax.Array | None = None,
+    deterministic: bool = True,
+  ) -> jax.Array:
+    """inputs [B, S] -> encoded [B, S, D]."""
+    positions = default_positions(inputs) if inputs_positions is None else inputs_positions
+    x = self.encoder_embedder(inputs, positions, deterministic)  # [B, S, D]
+    info = MaskInfo.create(_segments(inputs, inputs_segment_ids), q_positions=positions)
+    return self.encoder(x, info, deterministic=deterministic)
+
+  def decode(
+    self,
+    encoded: jax.Array,
+    inputs_segment_ids: jax.Array,
+    decoder_inputs: jax.Array,
+    targets_segment_ids: jax.Array | None = None,
+    targets_positions: jax.Array | None = None,
+    deterministic: bool = True,
+    decode: bool = False,
+  ) -> jax.Array:
+    """Decoder inputs [B, T] (already shifted) over encoded [B, S, D] -> logits [B, T, V].
+
+    inputs_segment_ids: [B, S] source segments (0 = padding). When decoding with the
+    cache, pass the new tokens and their absolute `targets_positions`.
+    """
+    c = self.config
+    positions = (
+      default_positions(decoder_inputs) if targets_positions is None else targets_positions
+    )
+    if targets_segment_ids is None:
+      targets_segment_ids = jnp.ones_like(decoder_inputs, jnp.int32)
+    x = self.decoder_embedder(decoder_inputs, positions, deterministic)  # [B, T, D]
+    self_info = MaskInfo.create(
+      targets_segment_ids, q_positions=positions, causal=True, window=c.sliding_window
+    )
+    cross_info = MaskInfo.create(targets_segment_ids, inputs_segment_ids, q_positions=positions)
+    x = self.decoder(x, self_info, encoded, cross_info, deterministic=deterministic, decode=decode)
+    logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)  # [B, T, V]
+    return logits.astype(jnp.float32)
+
+  def __call__(
+    self,
+    inputs: jax.Array,
+    targets: jax.Array,
+    inputs_segment_ids: jax.Array | None = None,
+    targets_segment_ids: jax.Array | None = None,
+    inputs_positions: jax.Array | None = None,
+    targets_positions: jax.Array | None = None,
+    deterministic: bool = True,
+  ) -> jax.Array:
+    """Teacher forcing: inputs [B, S], targets [B, T] -> logits [B, T, V] predicting targets."""
+    inputs_segment_ids = _segments(inputs, inputs_segment_ids)
+    targets_segment_ids = _segments(targets, targets_segment_ids)
+    encoded = self.encode(inputs, inputs_segment_ids, inputs_positions, deterministic)
+    decoder_inputs = shift_right(targets, targets_segment_ids)
+    return self.decode(
+      encoded,
+      inputs_segment_ids,
+      decoder_inputs,
+      targets_segment_ids,
+      targets_positions,
+      deterministic,
+    )

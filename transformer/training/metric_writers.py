@@ -1,0 +1,298 @@
+"""Metrics out: TensorBoard event files, a JSONL log, a console progress line, and plots.
+
+`MetricWriter(workdir, is_primary=...)` writes each call of `write_scalars(step, scalars,
+split)` to
+  * TensorBoard (tensorboardX) under `workdir/tensorboard`, tags `"{split}/{name}"`;
+  * `workdir/metrics.jsonl`, one object per line: {"step": int, "split": str, **scalars}
+    (non-finite values are written as null, so every line is strict JSON);
+  * the console: `step 100/1000 (10.0%) | loss 2.3456 | lr 1.00e-03 | 12.3k tok/s |
+    ETA 0:12:34` for train, `eval @ step 100 | loss 2.1 | ...` for other splits.
+Only the primary process (process 0) writes; elsewhere every method is a no-op.
+
+Resuming: `MetricWriter(..., resume_step=s)` drops JSONL lines with step > s
+(`truncate_after`) and asks TensorBoard to purge events after s, so a resumed run
+continues both logs without duplicates.
+
+`plot_curves(jsonl_paths, out_png)` draws loss (train and eval) and learning rate
+against step, several runs overlaid.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+JSONL_NAME = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+_SPLIT = re.compile(r"^[A-Za-z0-9_]+$")
+
+
+class MetricWriter:
+  """Scalars to TensorBoard, metrics.jsonl and the console (primary process only).
+
+  Args:
+    workdir: run directory; files go to `workdir/metrics.jsonl` and
+      `workdir/tensorboard/`.
+    is_primary: True on the process that writes (process 0).
+    total_steps: the run's length, for the progress percentage and ETA (None: unknown).
+    resume_step: the restored step when resuming (None: fresh run).
+    console: print a progress line per `write_scalars` call.
+    print_fn: console output function.
+    clock: seconds, monotonic (for the ETA; tests inject a fake one).
+  """
+
+  def __init__(
+    self,
+    workdir: str | os.PathLike,
+    *,
+    is_primary: bool,
+    total_steps: int | None = None,
+    resume_step: int | None = None,
+    console: bool = True,
+    print_fn: Callable[[str], Any] = print,
+    clock: Callable[[], float] = time.monotonic,
+  ):
+    if not isinstance(is_primary, bool):
+      raise ValueError(f"is_primary must be a bool; got {is_primary!r}")
+    for name, value in (("total_steps", total_steps), ("resume_step", resume_step)):
+      if value is not None and (not _is_int(value) or value < 0):
+        raise ValueError(f"{name} must be an int >= 0 or None; got {value!r}")
+    self.workdir = os.fspath(workdir)
+    self.jsonl_path = os.path.join(self.workdir, JSONL_NAME)
+    self.is_primary = is_primary
+    self._total_steps, self._console, self._print, self._clock = (
+      total_steps,
+      console,
+      print_fn,
+      clock,
+    )
+    self._last_train: tuple[int, float] | None = None  # (step, time) of the last train line
+    self._tb = None
+    self._jsonl = None
+    if not is_primary:
+      return
+    os.makedirs(self.workdir, exist_ok=True)
+    if resume_step is not None:
+      self.truncate_after(resume_step)
+    from tensorboardX import SummaryWriter  # heavy import, primary only
+
+    purge = None if resume_step is None else resume_step + 1
+    self._tb = SummaryWriter(
+      os.path.join(self.workdir, TENSORBOARD_DIR),
+      purge_step=purge,
+      filename_suffix=f".{time.time_ns()}",  # a restart within the same second gets its own file
+    )
+    self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+
+  def write_scalars(self, step: int, scalars: Mapping[str, Any], split: str = "train") -> None:
+    """Writes `scalars` (name -> number or 0-d array) at `step` for `split`."""
+    if not _is_int(step) or step < 0:
+      raise ValueError(f"step must be an int >= 0; got {step!r}")
+    if not isinstance(split, str) or not _SPLIT.match(split):
+      raise ValueError(f"split must be a name like 'train' or 'eval'; got {split!r}")
+    values = _to_floats(scalars)
+    if not self.is_primary:
+      return
+    step = int(step)
+    record = {"step": step, "split": split}
+    record.update({k: v if math.isfinite(v) else None for k, v in values.items()})
+    self._jsonl.write(json.dumps(record) + "\n")
+    self._jsonl.flush()
+    for name, value in values.items():
+      self._tb.add_scalar(f"{split}/{name}", value, global_step=step)
+    if self._console:
+      self._print(self._console_line(step, values, split))
+
+  def truncate_after(self, step: int) -> int:
+    """Drops metrics.jsonl lines with step > `step` (and unparsable ones); returns the
+    number of lines dropped."""
+    if not _is_int(step) or step < 0:
+      raise ValueError(f"step must be an int >= 0; got {step!r}")
+    if not self.is_primary or not os.path.exists(self.jsonl_path):
+      return 0
+    if self._jsonl is not None:
+      self._jsonl.flush()
+    kept, dropped = [], 0
+    with open(self.jsonl_path, encoding="utf-8") as f:
+      for line in f:
+        try:
+          keep = int(json.loads(line)["step"]) <= step
+        except (ValueError, KeyError, TypeError):
+          keep = False  # e.g. a line cut short by a crash
+          logging.warning("dropping unparsable line in %s: %r", self.jsonl_path, line[:80])
+        if keep:
+          kept.append(line if line.endswith("\n") else line + "\n")
+        else:
+          dropped += 1
+    temporary = self.jsonl_path + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as f:
+      f.writelines(kept)
+    os.replace(temporary, self.jsonl_path)
+    if self._jsonl is not None:  # reopen: the old handle points at the replaced file
+      self._jsonl.close()
+      self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+    return dropped
+
+  def flush(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.flush()
+    if self._tb is not None:
+      self._tb.flush()
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+      self._jsonl = None
+    if self._tb is not None:
+      self._tb.close()
+      self._tb = None
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, *exc: Any) -> None:
+    self.close()
+
+  def _console_line(self, step: int, values: Mapping[str, float], split: str) -> str:
+    parts = []
+    if split == "train":
+      total = self._total_steps
+      parts.append(f"step {step}/{total} ({100 * step / total:.1f}%)" if total else f"step {step}")
+    else:
+      parts.append(f"{split} @ step {step}")
+    for name, value in values.items():
+      if name == "tokens_per_sec":
+        parts.append(f"{_si(value)} tok/s")
+      elif name == "learning_rate":
+        parts.append(f"lr {value:.2e}")
+      else:
+        parts.append(f"{name} {value:.4f}" if abs(value) < 1e5 else f"{name} {value:.4g}")
+    if split == "train":
+      now = self._clock()
+      if self._last_train is not None and self._total_steps and step > self._last_train[0]:
+        seconds_per_step = (now - self._last_train[1]) / (step - self._last_train[0])
+        remaining = max(self._total_steps - step, 0) * seconds_per_step
+        parts.append(f"ETA {datetime.timedelta(seconds=round(remaining))}")
+      self._last_train = (step, now)
+    return " | ".join(parts)
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """The records of a metrics.jsonl file (unparsable lines skipped)."""
+  records = []
+  with open(path, encoding="utf-8") as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        continue
+  return records
+
+
+def plot_curves(
+  jsonl_paths: str | os.PathLike | Sequence[str | os.PathLike],
+  out_png: str | os.PathLike,
+  *,
+  labels: Sequence[str] | None = None,
+  loss_key: str = "loss",
+  lr_key: str = "learning_rate",
+  width_px: int = 1200,
+  height_px: int = 450,
+  dpi: int = 100,
+) -> str:
+  """Draws loss (train solid, eval dashed) and learning rate against step to a PNG.
+
+  Args:
+    jsonl_paths: one metrics.jsonl path or several (runs overlaid).
+    out_png: output file (.png), exactly `width_px` x `height_px` pixels.
+    labels: one legend label per run (default: the file's directory name).
+    loss_key: scalar plotted in the loss panel, for train and eval.
+    lr_key: train scalar plotted in the learning-rate panel.
+
+  Returns:
+    The PNG path.
+  """
+  paths = [jsonl_paths] if isinstance(jsonl_paths, (str, os.PathLike)) else list(jsonl_paths)
+  if not paths:
+    raise ValueError("jsonl_paths must name at least one metrics.jsonl file")
+  for path in paths:
+    if not os.path.isfile(path):
+      raise ValueError(f"jsonl_paths: no such file {os.fspath(path)!r}")
+  if labels is None:
+    labels = [os.path.basename(os.path.dirname(os.path.abspath(p))) or str(p) for p in paths]
+  if len(labels) != len(paths):
+    raise ValueError(f"labels must have one entry per path ({len(paths)}); got {len(labels)}")
+  if not os.fspath(out_png).endswith(".png"):
+    raise ValueError(f"out_png must end with .png; got {os.fspath(out_png)!r}")
+  for name, value in (("width_px", width_px), ("height_px", height_px), ("dpi", dpi)):
+    if not _is_int(value) or value < 1:
+      raise ValueError(f"{name} must be an int >= 1; got {value!r}")
+
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg, no global backend
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+  FigureCanvasAgg(fig)
+  loss_ax, lr_ax = fig.subplots(1, 2)
+  for index, (path, label) in enumerate(zip(paths, labels, strict=True)):
+    color = f"C{index % 10}"
+    records = read_jsonl(path)
+    for split, style in (("train", "-"), ("eval", "--o")):
+      steps, values = _series(records, split, loss_key)
+      if steps:
+        loss_ax.plot(steps, values, style, color=color, markersize=3, label=f"{label} {split}")
+    steps, values = _series(records, "train", lr_key)
+    if steps:
+      lr_ax.plot(steps, values, "-", color=color, label=label)
+  loss_ax.set(xlabel="step", ylabel=loss_key, title="loss")
+  lr_ax.set(xlabel="step", ylabel=lr_key, title="learning rate")
+  for ax in (loss_ax, lr_ax):
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+      ax.legend(fontsize="small")
+  fig.tight_layout()
+  fig.savefig(os.fspath(out_png), dpi=dpi)
+  return os.fspath(out_png)
+
+
+def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list, list]:
+  points = sorted(
+    (r["step"], r[key])
+    for r in records
+    if r.get("split") == split and isinstance(r.get(key), (int, float))
+  )
+  return [p[0] for p in points], [p[1] for p in points]
+
+
+def _to_floats(scalars: Mapping[str, Any]) -> dict[str, float]:
+  if not isinstance(scalars, Mapping):
+    raise ValueError(f"scalars must be a mapping of name -> number; got {type(scalars)}")
+  values = {}
+  for name, value in scalars.items():
+    if not isinstance(name, str) or not name or name in ("step", "split"):
+      raise ValueError(f"scalar names must be non-empty str other than step/split; got {name!r}")
+    array = np.asarray(value)
+    if array.shape != () or not np.issubdtype(array.dtype, np.number):
+      raise ValueError(f"scalar {name!r} must be a number or 0-d array; got {value!r}")
+    values[name] = float(array)
+  return values
+
+
+def _si(value: float) -> str:
+  for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+    if abs(value) >= factor:
+      return f"{value / factor:.1f}{suffix}"
+  return f"{value:.1f}"
+
+
+def _is_int(x: Any) -> bool:
+  return isinstance(x, (int, np.integer)) and not isinstance(x, bool)

@@ -1,0 +1,205 @@
+"""The optimizer: AdamW (default), SGD or Adafactor, with a weight-decay mask and clipping.
+
+`create_optimizer(config_block, schedule, params)` returns one optax
+`GradientTransformation`:
+
+  clip_by_global_norm(clip_norm)      (only when clip_norm > 0)
+  -> adamw(schedule, b1, b2, eps, weight_decay, mask=decay_mask)
+
+AdamW is decoupled weight decay as in PyTorch `torch.optim.AdamW` (Loshchilov & Hutter
+2019): p <- p - lr * (m_hat / (sqrt(v_hat) + eps) + weight_decay * p), with the decay
+scaled by the scheduled learning rate and applied only where the mask is True.
+
+The mask is decided from parameter *path names*, never shapes, so it is the same for
+`nn.scan`-stacked layers (an extra leading layer axis) as for unrolled ones. A leaf is
+not decayed when its own name is `bias` or `scale` (norm gains), when any module on its
+path has `norm` in its name (any case: LayerNorm_0, RMSNorm, final_norm), or, unless
+`decay_embeddings`, when its own name contains `embedding` (token, learned position and
+relative-position embedding tables; a ViT patch-embedding conv `kernel` is decayed).
+
+Everything is float32: the parameters (master weights) must be float32 and the moments
+are kept float32, whatever the compute dtype. Gradient accumulation is done by the
+train step (one `update` per accumulated batch), not here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax.core import meta
+
+from transformer.training import schedules
+
+KINDS = ("adamw", "sgd", "adafactor")
+
+# Field -> default. Fields of a schedule block (`schedules.FIELDS`, `kind` aside) may sit in
+# the same block and are ignored here.
+DEFAULTS: dict[str, Any] = {
+  "kind": "adamw",  # adamw | sgd | adafactor
+  "b1": 0.9,  # adamw first-moment decay
+  "b2": 0.98,  # adamw second-moment decay (Vaswani et al. 2017)
+  "eps": 1e-9,  # adamw denominator epsilon, outside the sqrt
+  "weight_decay": 0.0,  # decoupled decay coefficient (multiplied by the learning rate)
+  "clip_norm": 0.0,  # clip gradients to this global L2 norm; 0 = no clipping
+  "decay_embeddings": False,  # also decay embedding tables
+  "momentum": 0.9,  # sgd momentum (0 = plain sgd)
+  "nesterov": False,  # sgd Nesterov momentum
+}
+
+
+def decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
+  """True where weight decay applies, from path names (see module docstring).
+
+  Args:
+    params: a parameter pytree (arrays, `jax.ShapeDtypeStruct`s, or flax
+      `nn.Partitioned` boxes, whose `value` gets the box's decision).
+    decay_embeddings: also decay leaves whose name contains `embedding`.
+
+  Returns:
+    A pytree of bools with the structure of `params`.
+  """
+
+  def decide(path: tuple[Any, ...], leaf: Any) -> Any:
+    names = [_key_name(k) for k in path]
+    decay = _decays(names, decay_embeddings)
+    if isinstance(leaf, meta.AxisMetadata):
+      return jax.tree.map(lambda _: decay, leaf)
+    return decay
+
+  return jax.tree_util.tree_map_with_path(
+    decide, params, is_leaf=lambda x: isinstance(x, meta.AxisMetadata)
+  )
+
+
+def create_optimizer(
+  config_block: Mapping[str, Any] | Any, schedule: schedules.Schedule | float, params: Any
+) -> optax.GradientTransformation:
+  """Builds the optimizer described by `config_block` (see `DEFAULTS` for its fields).
+
+  Args:
+    config_block: a dict or `ml_collections.ConfigDict` with fields from `DEFAULTS`
+      (missing ones take the default).
+    schedule: learning rate as a function of the optimizer count (`schedules`), or a
+      constant float.
+    params: the parameter pytree the optimizer will update (arrays or
+      `jax.ShapeDtypeStruct`s): used to validate that master weights are float32 and that
+      the weight-decay mask covers something when weight_decay > 0.
+
+  Raises:
+    ValueError: naming the field, for an unknown field or kind, an out-of-range value,
+      or a non-float32 parameter (naming its path).
+  """
+  cfg = _read_block(config_block)
+  _check_params(params)
+  if not callable(schedule) and not (
+    isinstance(schedule, (int, float)) and not isinstance(schedule, bool) and schedule > 0
+  ):
+    raise ValueError(f"schedule must be callable (count -> lr) or a number > 0; got {schedule!r}")
+  mask_fn = lambda p: decay_mask(p, cfg["decay_embeddings"])
+  if cfg["weight_decay"] > 0 and not any(jax.tree.leaves(mask_fn(params))):
+    raise ValueError("weight_decay > 0 but the decay mask excludes every parameter of params")
+
+  kind = cfg["kind"]
+  if kind == "adamw":
+    tx = optax.adamw(
+      schedule,
+      b1=cfg["b1"],
+      b2=cfg["b2"],
+      eps=cfg["eps"],
+      mu_dtype=jnp.float32,
+      weight_decay=cfg["weight_decay"],
+      mask=mask_fn,
+    )
+  elif kind == "sgd":  # weight decay as an L2 gradient term, as torch.optim.SGD
+    tx = optax.chain(
+      optax.add_decayed_weights(cfg["weight_decay"], mask=mask_fn),
+      optax.sgd(
+        schedule,
+        momentum=cfg["momentum"] or None,
+        nesterov=cfg["nesterov"],
+        accumulator_dtype=jnp.float32,
+      ),
+    )
+  else:  # optax's Adafactor: its decay is not scaled by the learning rate
+    tx = optax.adafactor(
+      schedule, weight_decay_rate=cfg["weight_decay"] or None, weight_decay_mask=mask_fn
+    )
+  if cfg["clip_norm"] > 0:
+    tx = optax.chain(optax.clip_by_global_norm(cfg["clip_norm"]), tx)
+  return tx
+
+
+def current_learning_rate(schedule: schedules.Schedule | float, step: Any) -> jax.Array:
+  """The learning rate of the update applied at train-state step `step` (for logging).
+
+  The update that takes the state from step `s` to `s + 1` uses `schedule(s)`; works
+  inside `jax.jit` (traced `step`) and on the host (`float(...)` the result).
+  """
+  if callable(schedule):
+    return jnp.asarray(schedule(step), jnp.float32)
+  return jnp.asarray(schedule, jnp.float32)
+
+
+def _key_name(key: Any) -> str:
+  for attr in ("key", "name", "idx"):
+    if hasattr(key, attr):
+      return str(getattr(key, attr))
+  return str(key)
+
+
+def _decays(names: list[str], decay_embeddings: bool) -> bool:
+  if not names:
+    return True
+  leaf = names[-1]
+  if leaf in ("bias", "scale"):
+    return False
+  if any("norm" in n.lower() for n in names[:-1]):
+    return False
+  return decay_embeddings or "embedding" not in leaf
+
+
+def _read_block(block: Any) -> dict[str, Any]:
+  if hasattr(block, "to_dict"):
+    block = block.to_dict()
+  if not isinstance(block, Mapping):
+    raise ValueError(f"config_block must be a mapping or ConfigDict; got {type(block).__name__}")
+  ignored = set(schedules.FIELDS)
+  unknown = sorted(set(block) - set(DEFAULTS) - ignored)
+  if unknown:
+    raise ValueError(f"unknown optimizer field(s) {unknown}; expected a subset of {list(DEFAULTS)}")
+  cfg = {k: block.get(k, v) for k, v in DEFAULTS.items()}
+  if cfg["kind"] not in KINDS:
+    raise ValueError(f"kind must be one of {list(KINDS)}; got {cfg['kind']!r}")
+  for name, lo, hi in (("b1", 0.0, 1.0), ("b2", 0.0, 1.0), ("momentum", 0.0, 1.0)):
+    value = cfg[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < hi:
+      raise ValueError(f"{name} must be a number in [{lo}, {hi}); got {value!r}")
+  for name in ("eps",):
+    if isinstance(cfg[name], bool) or not isinstance(cfg[name], (int, float)) or cfg[name] <= 0:
+      raise ValueError(f"{name} must be a number > 0; got {cfg[name]!r}")
+  for name in ("weight_decay", "clip_norm"):
+    value = cfg[name]
+    if value is None:
+      cfg[name] = 0.0
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+      raise ValueError(f"{name} must be a number >= 0 (0 = off); got {value!r}")
+  for name in ("decay_embeddings", "nesterov"):
+    if not isinstance(cfg[name], bool):
+      raise ValueError(f"{name} must be a bool; got {cfg[name]!r}")
+  return cfg
+
+
+def _check_params(params: Any) -> None:
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  if not leaves:
+    raise ValueError("params must be a non-empty pytree of arrays")
+  for path, leaf in leaves:
+    dtype = getattr(leaf, "dtype", None)
+    if dtype != jnp.float32:
+      raise ValueError(
+        f"params must be float32 master weights; {jax.tree_util.keystr(path)} has dtype {dtype}"
+      )
