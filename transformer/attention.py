@@ -105,11 +105,17 @@ class MaskInfo:
     causal: bool = False,
     window: int | None = None,
   ) -> MaskInfo:
-    """Self-attention (kv_* None) or cross-attention info with default positions 0..L-1."""
+    """Self-attention (kv_* None) or cross-attention info with default positions 0..L-1.
+
+    In self-attention the keys are the queries, so kv_positions defaults to q_positions.
+    """
+    self_attention = kv_segment_ids is None
     kv_segment_ids = q_segment_ids if kv_segment_ids is None else kv_segment_ids
     if q_positions is None:
       q_positions = jnp.broadcast_to(jnp.arange(q_segment_ids.shape[1]), q_segment_ids.shape)
-    if kv_positions is None:
+    if kv_positions is None and self_attention:
+      kv_positions = q_positions
+    elif kv_positions is None:
       kv_positions = jnp.broadcast_to(jnp.arange(kv_segment_ids.shape[1]), kv_segment_ids.shape)
     return cls(q_positions, kv_positions, q_segment_ids, kv_segment_ids, 0, causal, window)
 

@@ -94,9 +94,13 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
 def _check_fractions(validation_fraction: float, test_fraction: float) -> None:
   if not (0 <= validation_fraction < 1 and 0 <= test_fraction < 1):
-    raise ValueError(f"split fractions must lie in [0, 1): {validation_fraction=}, {test_fraction=}")
+    raise ValueError(
+      f"split fractions must lie in [0, 1): {validation_fraction=}, {test_fraction=}"
+    )
   if validation_fraction + test_fraction >= 1:
-    raise ValueError(f"validation_fraction + test_fraction must be < 1, got {validation_fraction + test_fraction}")
+    raise ValueError(
+      f"validation_fraction + test_fraction must be < 1, got {validation_fraction + test_fraction}"
+    )
 
 
 def hash_split(key: str, validation_fraction: float, test_fraction: float) -> str:
@@ -297,7 +301,9 @@ def prepare(
 
 def settings(config: LocalConfig) -> tuple:
   skip = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)} | {"path"}
-  return tuple((f.name, getattr(config, f.name)) for f in dataclasses.fields(config) if f.name not in skip)
+  return tuple(
+    (f.name, getattr(config, f.name)) for f in dataclasses.fields(config) if f.name not in skip
+  )
 
 
 def text_corpus(

@@ -27,7 +27,9 @@ class DataConfig:
 
   kind: str = "lm"  # lm | mlm | classification | seq2seq | image (the batch format)
   source: str = "text"  # text | pairs | labelled | idx | image_folder (local files) | tfds
-  path: str = "data/tinyshakespeare.txt.gz"  # local file / folder, or TFDS name ('wmt14_translate/de-en')
+  path: str = (
+    "data/tinyshakespeare.txt.gz"  # local file / folder, or TFDS name ('wmt14_translate/de-en')
+  )
   data_dir: str | None = None  # prepared TFDS datasets; None = TFDS default (~/tensorflow_datasets)
   train_split: str = "train"  # split to train on (TFDS split syntax allowed: 'train[:90%]')
   eval_split: str = "validation"  # split evaluated by the eval iterators
@@ -69,15 +71,25 @@ class DataConfig:
       if value not in allowed:
         raise ValueError(f"DataConfig.{name} must be one of {allowed}, got {value!r}")
     if (self.kind == "image") != (self.tokenizer == "none"):
-      raise ValueError(f"DataConfig: tokenizer 'none' goes with kind 'image' only (kind={self.kind!r}, tokenizer={self.tokenizer!r})")
+      raise ValueError(
+        f"DataConfig: tokenizer 'none' goes with kind 'image' only (kind={self.kind!r}, tokenizer={self.tokenizer!r})"
+      )
     if self.kind == "image" and self.source not in ("idx", "image_folder", "tfds"):
-      raise ValueError(f"DataConfig: kind 'image' needs source idx, image_folder or tfds, got {self.source!r}")
+      raise ValueError(
+        f"DataConfig: kind 'image' needs source idx, image_folder or tfds, got {self.source!r}"
+      )
     if self.kind != "image" and self.source in ("idx", "image_folder"):
-      raise ValueError(f"DataConfig: source {self.source!r} holds images, but kind is {self.kind!r}")
+      raise ValueError(
+        f"DataConfig: source {self.source!r} holds images, but kind is {self.kind!r}"
+      )
     if self.kind == "seq2seq" and self.source not in ("pairs", "tfds"):
-      raise ValueError(f"DataConfig: kind 'seq2seq' needs source 'pairs' or 'tfds', got {self.source!r}")
+      raise ValueError(
+        f"DataConfig: kind 'seq2seq' needs source 'pairs' or 'tfds', got {self.source!r}"
+      )
     if self.kind == "classification" and self.source not in ("labelled", "tfds"):
-      raise ValueError(f"DataConfig: kind 'classification' needs source 'labelled' or 'tfds', got {self.source!r}")
+      raise ValueError(
+        f"DataConfig: kind 'classification' needs source 'labelled' or 'tfds', got {self.source!r}"
+      )
     if not 0 < self.mask_rate < 1:
       raise ValueError(f"DataConfig.mask_rate must lie in (0, 1), got {self.mask_rate}")
     if self.vocab_size < 16:
@@ -123,24 +135,53 @@ PRESETS: dict[str, DataConfig] = {
   "shakespeare_spm": DataConfig(tokenizer="sentencepiece", vocab_size=2048),
   "shakespeare_mlm": DataConfig(kind="mlm", tokenizer="sentencepiece", vocab_size=2048),
   "bible_en_es": DataConfig(
-    kind="seq2seq", source="pairs", path=_BIBLE, tokenizer="sentencepiece", vocab_size=8000,
-    source_column="en", target_column="es",
+    kind="seq2seq",
+    source="pairs",
+    path=_BIBLE,
+    tokenizer="sentencepiece",
+    vocab_size=8000,
+    source_column="en",
+    target_column="es",
   ),  # fmt: skip
   "bible_es_en": DataConfig(
-    kind="seq2seq", source="pairs", path=_BIBLE, tokenizer="sentencepiece", vocab_size=8000,
-    source_column="es", target_column="en",
+    kind="seq2seq",
+    source="pairs",
+    path=_BIBLE,
+    tokenizer="sentencepiece",
+    vocab_size=8000,
+    source_column="es",
+    target_column="en",
   ),  # fmt: skip
   "bible_testament": DataConfig(
-    kind="classification", source="labelled", path=_BIBLE, tokenizer="sentencepiece",
-    vocab_size=8000, text_column="en", label_column="testament", label_names=("OT", "NT"),
+    kind="classification",
+    source="labelled",
+    path=_BIBLE,
+    tokenizer="sentencepiece",
+    vocab_size=8000,
+    text_column="en",
+    label_column="testament",
+    label_names=("OT", "NT"),
   ),  # fmt: skip
   "bible_mlm": DataConfig(
-    kind="mlm", source="labelled", path=_BIBLE, tokenizer="sentencepiece", vocab_size=8000,
-    text_column="en", label_column="testament", label_names=("OT", "NT"),
+    kind="mlm",
+    source="labelled",
+    path=_BIBLE,
+    tokenizer="sentencepiece",
+    vocab_size=8000,
+    text_column="en",
+    label_column="testament",
+    label_names=("OT", "NT"),
   ),  # fmt: skip
   "fashion_mnist": DataConfig(
-    kind="image", source="idx", path="data/fashion-mnist", tokenizer="none", eval_split="test",
-    label_names=FASHION_MNIST_LABELS, image_mean=(0.2860,), image_std=(0.3530,),
-    validation_fraction=0.0, test_fraction=0.0,
+    kind="image",
+    source="idx",
+    path="data/fashion-mnist",
+    tokenizer="none",
+    eval_split="test",
+    label_names=FASHION_MNIST_LABELS,
+    image_mean=(0.2860,),
+    image_std=(0.3530,),
+    validation_fraction=0.0,
+    test_fraction=0.0,
   ),  # fmt: skip
 }

@@ -56,12 +56,19 @@ class DataInfo:
     if self.config.kind == "image":
       return {"image": ((b, *self.image_shape), f32), "label": ((b,), i32)}
     if self.config.kind == "classification":
-      return {"inputs": ((b, s), i32), "segment_ids": ((b, s), i32), "positions": ((b, s), i32), "label": ((b,), i32)}
+      return {
+        "inputs": ((b, s), i32),
+        "segment_ids": ((b, s), i32),
+        "positions": ((b, s), i32),
+        "label": ((b,), i32),
+      }
     if self.config.kind == "seq2seq":
       shapes = {k: ((b, s), i32) for k in ("inputs", "inputs_segment_ids", "inputs_positions")}
       shapes |= {k: ((b, t), i32) for k in ("targets", "targets_segment_ids", "targets_positions")}
       return shapes | {"weights": ((b, t), f32)}
-    return {k: ((b, s), f32 if k == "weights" else i32) for k in pipeline.BATCH_KEYS[self.config.kind]}
+    return {
+      k: ((b, s), f32 if k == "weights" else i32) for k in pipeline.BATCH_KEYS[self.config.kind]
+    }
 
 
 @dataclasses.dataclass
@@ -81,7 +88,9 @@ def _open(cfg: DataConfig) -> _Splits:
   if cfg.source == "tfds":
     return _open_tfds(cfg)
   if cfg.source == "text":
-    b = builders.text_corpus(path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)
+    b = builders.text_corpus(
+      path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction
+    )
   elif cfg.source == "pairs":
     b = builders.sentence_pairs(path, [cfg.source_column, cfg.target_column], d,
                                 validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)  # fmt: skip
@@ -89,9 +98,13 @@ def _open(cfg: DataConfig) -> _Splits:
     b = builders.labelled_text(path, cfg.text_column, cfg.label_column, d, label_names=cfg.label_names,
                                validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)  # fmt: skip
   elif cfg.source == "idx":
-    b = image_builders.idx_images(path, d, label_names=cfg.label_names, validation_fraction=cfg.validation_fraction)
+    b = image_builders.idx_images(
+      path, d, label_names=cfg.label_names, validation_fraction=cfg.validation_fraction
+    )
   else:
-    b = image_builders.image_folder(path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)
+    b = image_builders.image_folder(
+      path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction
+    )
   feats = b.info.features
   splits = _Splits(
     train=_split(b, cfg.train_split, str(path)),
@@ -127,7 +140,9 @@ def _open_tfds(cfg: DataConfig) -> _Splits:
     ) from e
   feats = builder.info.features
   label = feats[cfg.label_column] if cfg.label_column in feats else None
-  text_keys = (cfg.source_column, cfg.target_column) if cfg.kind == "seq2seq" else (cfg.text_column,)
+  text_keys = (
+    (cfg.source_column, cfg.target_column) if cfg.kind == "seq2seq" else (cfg.text_column,)
+  )
   return _Splits(
     train=train, eval=eval_, name=cfg.path, key=cfg.path,
     label_names=tuple(getattr(label, "names", None) or ()),
@@ -153,7 +168,9 @@ def _tokenizer(cfg: DataConfig, splits: _Splits, workdir: str | os.PathLike) -> 
   return get_tokenizer(cfg.tokenizer, cache, texts, cfg.vocab_size, cfg.spm_model_type)
 
 
-def _scan(cfg: DataConfig, splits: _Splits, tok: Tokenizer, seq_len: int, target_len: int) -> dict[str, Any]:
+def _scan(
+  cfg: DataConfig, splits: _Splits, tok: Tokenizer, seq_len: int, target_len: int
+) -> dict[str, Any]:
   """Counts overlong examples in a sample of each split (raises under 'error')."""
   extra = {"lm": 2, "mlm": 2, "classification": 1}  # BOS+EOS, CLS+SEP, CLS
   limits = {"lm": seq_len + 1, "mlm": seq_len, "classification": seq_len}
@@ -166,22 +183,38 @@ def _scan(cfg: DataConfig, splits: _Splits, tok: Tokenizer, seq_len: int, target
         sizes = [(len(tok.encode_array(features.text_of(record, k))) + 1, n)
                  for k, n in ((cfg.source_column, seq_len), (cfg.target_column, target_len))]  # fmt: skip
       else:
-        sizes = [(len(tok.encode_array(features.text_of(record, splits.text_keys[0]))) + extra[cfg.kind], limits[cfg.kind])]
+        sizes = [
+          (
+            len(tok.encode_array(features.text_of(record, splits.text_keys[0]))) + extra[cfg.kind],
+            limits[cfg.kind],
+          )
+        ]
       seen += 1
       if any(n > limit for n, limit in sizes):
         over += 1
         if cfg.overlong == "error":
-          raise ValueError(f"{features.where(splits.name, i, record)}: example of {sizes} tokens (length, limit) is too long")
+          raise ValueError(
+            f"{features.where(splits.name, i, record)}: example of {sizes} tokens (length, limit) is too long"
+          )
     stats[f"{split}_overlong"] = (over, seen)
     if over:
-      logging.warning("%s [%s]: %d of %d sampled examples exceed the row length (%s)", splits.name, split, over, seen, cfg.overlong)
+      logging.warning(
+        "%s [%s]: %d of %d sampled examples exceed the row length (%s)",
+        splits.name,
+        split,
+        over,
+        seen,
+        cfg.overlong,
+      )
   if isinstance(tok, CharTokenizer):
     unknown: Counter[str] = Counter()
     for i in _spaced(splits.eval, cfg.scan_examples):
       unknown += tok.unknown_chars(features.text_of(splits.eval[i], splits.text_keys[0]))
     stats["eval_unknown_chars"] = dict(unknown)
     if unknown:
-      logging.warning("%s: characters outside the vocabulary map to UNK: %s", splits.name, dict(unknown))
+      logging.warning(
+        "%s: characters outside the vocabulary map to UNK: %s", splits.name, dict(unknown)
+      )
   return stats
 
 
@@ -196,7 +229,9 @@ class _Context:
   target_len: int
   seed: int
   loader: pipeline.Loader
-  streams: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # windows: split -> tokens
+  streams: dict[str, np.ndarray] = dataclasses.field(
+    default_factory=dict
+  )  # windows: split -> tokens
   image_mean: tuple[float, ...] = ()
   image_std: tuple[float, ...] = ()
 
@@ -259,7 +294,13 @@ def _image(c: _Context, train: bool, b: int) -> grain.IterDataset:
   )  # fmt: skip
 
 
-_FAMILIES = {"lm": _lm, "mlm": _mlm, "classification": _classification, "seq2seq": _seq2seq, "image": _image}
+_FAMILIES = {
+  "lm": _lm,
+  "mlm": _mlm,
+  "classification": _classification,
+  "seq2seq": _seq2seq,
+  "image": _image,
+}
 
 
 def make_datasets(
@@ -307,14 +348,19 @@ def make_datasets(
     c.tok = _tokenizer(cfg, splits, workdir)
     stats = {} if windows else _scan(cfg, splits, c.tok, seq_len, c.target_len)
   if windows:
-    c.streams = {s: pipeline.token_stream(src, c.tok, c.text_key) for s, src in (("train", splits.train), ("eval", splits.eval))}
+    c.streams = {
+      s: pipeline.token_stream(src, c.tok, c.text_key)
+      for s, src in (("train", splits.train), ("eval", splits.eval))
+    }
   family = _FAMILIES[cfg.kind]
   train_ds, eval_ds = family(c, True, per_host), family(c, False, eval_per_host)
   if cfg.packing and not windows and cfg.kind in ("lm", "mlm", "seq2seq"):
     key = "targets_segment_ids" if cfg.kind == "seq2seq" else "segment_ids"
     probe = dataclasses.replace(c, loader=dataclasses.replace(loader, num_workers=0))
     it = iter(family(probe, True, per_host))
-    stats["packing_efficiency"] = float(np.mean([packing.packing_efficiency(next(it)[key]) for _ in range(_PACKING_PROBE_BATCHES)]))
+    stats["packing_efficiency"] = float(
+      np.mean([packing.packing_efficiency(next(it)[key]) for _ in range(_PACKING_PROBE_BATCHES)])
+    )
     it.close()
   n_train, n_eval = len(c.source(True)), len(c.source(False))
   if windows:
@@ -328,14 +374,21 @@ def make_datasets(
     train_examples=n_train, eval_examples=n_eval,
     eval_batches=-(-(-(-n_eval // count)) // eval_per_host), stats=stats,
   )  # fmt: skip
-  logging.info("data: %s", {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "tokenizer")})
+  logging.info(
+    "data: %s",
+    {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "tokenizer")},
+  )
   return iter(train_ds), lambda: iter(eval_ds), info
 
 
-def _image_stats(cfg: DataConfig, splits: _Splits) -> tuple[tuple[float, ...], tuple[float, ...], dict]:
+def _image_stats(
+  cfg: DataConfig, splits: _Splits
+) -> tuple[tuple[float, ...], tuple[float, ...], dict]:
   if cfg.image_mean is not None and cfg.image_std is not None:
     return cfg.image_mean, cfg.image_std, {}
-  sample = (np.asarray(splits.train[i]["image"]) for i in _spaced(splits.train, _IMAGE_STAT_EXAMPLES))
+  sample = (
+    np.asarray(splits.train[i]["image"]) for i in _spaced(splits.train, _IMAGE_STAT_EXAMPLES)
+  )
   mean, std = images.channel_stats(im if im.ndim == 3 else im[..., None] for im in sample)
   mean, std = cfg.image_mean or mean, cfg.image_std or std
   return mean, std, {"image_mean": mean, "image_std": std}

@@ -76,8 +76,12 @@ class LMExample:
 
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
     index, record = item
-    ids = np.concatenate([[BOS_ID], self.tokenizer.encode_array(text_of(record, self.text_key)), [EOS_ID]])
-    ids = packing.fit_length(ids, self.seq_len + 1, self.overlong, where(self.source_name, index, record))
+    ids = np.concatenate(
+      [[BOS_ID], self.tokenizer.encode_array(text_of(record, self.text_key)), [EOS_ID]]
+    )
+    ids = packing.fit_length(
+      ids, self.seq_len + 1, self.overlong, where(self.source_name, index, record)
+    )
     if ids is None:
       return None
     ids = ids.astype(np.int32)
@@ -97,7 +101,9 @@ class MLMExample:
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
     index, record = item
     ids = self.tokenizer.encode_array(text_of(record, self.text_key))
-    ids = packing.fit_length(ids, self.seq_len - 2, self.overlong, where(self.source_name, index, record))
+    ids = packing.fit_length(
+      ids, self.seq_len - 2, self.overlong, where(self.source_name, index, record)
+    )
     if ids is None:
       return None
     return {"inputs": np.concatenate([[CLS_ID], ids, [SEP_ID]]).astype(np.int32)}
@@ -123,7 +129,9 @@ class Mask:
   mask_rate: float = 0.15
   whole_word: bool = False
 
-  def __call__(self, ex: Mapping[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+  def __call__(
+    self, ex: Mapping[str, np.ndarray], rng: np.random.Generator
+  ) -> dict[str, np.ndarray]:
     ids = ex["inputs"]  # [T]
     starts = self.tokenizer.word_starts(ids) if self.whole_word else None
     inputs, weights = masking.mask_tokens(
@@ -152,7 +160,9 @@ class Classification:
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
     index, record = item
     ids = self.tokenizer.encode_array(text_of(record, self.text_key))
-    ids = packing.fit_length(ids, self.seq_len - 1, self.overlong, where(self.source_name, index, record))
+    ids = packing.fit_length(
+      ids, self.seq_len - 1, self.overlong, where(self.source_name, index, record)
+    )
     if ids is None:
       return None
     ex = packing.pad_example({"inputs": np.concatenate([[CLS_ID], ids])}, {"inputs": self.seq_len})
@@ -179,9 +189,14 @@ class Translation:
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
     index, record = item
     out = {}
-    for name, key, length in (("inputs", self.source_key, self.inputs_len), ("targets", self.target_key, self.targets_len)):
+    for name, key, length in (
+      ("inputs", self.source_key, self.inputs_len),
+      ("targets", self.target_key, self.targets_len),
+    ):
       ids = self.tokenizer.encode_array(text_of(record, key))
-      ids = packing.fit_length(ids, length - 1, self.overlong, f"{where(self.source_name, index, record)} ({key})")
+      ids = packing.fit_length(
+        ids, length - 1, self.overlong, f"{where(self.source_name, index, record)} ({key})"
+      )
       if ids is None:
         return None
       out[name] = np.concatenate([ids, [EOS_ID]]).astype(np.int32)
@@ -190,7 +205,14 @@ class Translation:
 
 def seq2seq_batch_features(ex: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
   """Packed / padded translation features -> the seq2seq batch keys (adds `weights`)."""
-  keys = ("inputs", "targets", "inputs_segment_ids", "targets_segment_ids", "inputs_positions", "targets_positions")
+  keys = (
+    "inputs",
+    "targets",
+    "inputs_segment_ids",
+    "targets_segment_ids",
+    "inputs_positions",
+    "targets_positions",
+  )
   out = {k: ex[k] for k in keys}
   out["weights"] = (ex["targets_segment_ids"] > 0).astype(np.float32)
   return out
@@ -207,11 +229,16 @@ class Image:
   image_key: str = "image"
   label_key: str = "label"
 
-  def __call__(self, item: tuple[int, Record], rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+  def __call__(
+    self, item: tuple[int, Record], rng: np.random.Generator | None = None
+  ) -> dict[str, np.ndarray]:
     _, record = item
     image = np.asarray(record[self.image_key])
     if image.ndim == 2:
       image = image[..., None]  # [H, W, 1]
     if rng is not None:
       image = images.augment(image, rng, self.crop_padding, self.flip)
-    return {"image": images.normalize(image, self.mean, self.std), "label": np.int32(record[self.label_key])}
+    return {
+      "image": images.normalize(image, self.mean, self.std),
+      "label": np.int32(record[self.label_key]),
+    }

@@ -132,7 +132,9 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
   shape = tuple(int(d) for d in np.frombuffer(data, ">u4", count=ndim, offset=4))
   expected = header + int(np.prod(shape)) * dtype.itemsize
   if len(data) != expected:
-    raise ValueError(f"{path}: IDX header says shape {shape} ({expected} bytes), file has {len(data)}")
+    raise ValueError(
+      f"{path}: IDX header says shape {shape} ({expected} bytes), file has {len(data)}"
+    )
   return np.frombuffer(data, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
 

@@ -85,7 +85,9 @@ class LocalIdxImages(builders.LocalBuilder):
     return tfds.features.FeaturesDict(
       {
         "image": tfds.features.Tensor(shape=self.image_shape, dtype=np.uint8),
-        "label": tfds.features.ClassLabel(names=names) if names else tfds.features.ClassLabel(num_classes=10),
+        "label": tfds.features.ClassLabel(names=names)
+        if names
+        else tfds.features.ClassLabel(num_classes=10),
         "index": np.int64,
       }
     )
@@ -99,13 +101,22 @@ class LocalIdxImages(builders.LocalBuilder):
       images, labels = files.read_idx(img_path), files.read_idx(lbl_path)
       images = images.reshape(*images.shape[:3], -1)  # [N, H, W, C]
       if images.dtype != np.uint8 or images.shape[1:] != self.image_shape:
-        raise ValueError(f"{img_path}: expected uint8 images of shape {self.image_shape}, got {images.dtype} {images.shape[1:]}")
+        raise ValueError(
+          f"{img_path}: expected uint8 images of shape {self.image_shape}, got {images.dtype} {images.shape[1:]}"
+        )
       if labels.ndim != 1 or len(labels) != len(images):
-        raise ValueError(f"{lbl_path}: {labels.shape} labels for {len(images)} images in {img_path}")
+        raise ValueError(
+          f"{lbl_path}: {labels.shape} labels for {len(images)} images in {img_path}"
+        )
       bad = np.flatnonzero((labels < 0) | (labels >= num_classes))
       if bad.size:
-        raise ValueError(f"{lbl_path}: label {labels[bad[0]]} of item {bad[0]} is outside [0, {num_classes})")
-      out[split] = [{"image": im, "label": int(lb), "index": i} for i, (im, lb) in enumerate(zip(images, labels, strict=True))]
+        raise ValueError(
+          f"{lbl_path}: label {labels[bad[0]]} of item {bad[0]} is outside [0, {num_classes})"
+        )
+      out[split] = [
+        {"image": im, "label": int(lb), "index": i}
+        for i, (im, lb) in enumerate(zip(images, labels, strict=True))
+      ]
     n_val = round(len(out["train"]) * cfg.validation_fraction)
     if n_val:
       out["train"], out["validation"] = out["train"][:-n_val], out["train"][-n_val:]
@@ -143,7 +154,9 @@ class LocalImageFolder(builders.LocalBuilder):
     by_split: dict[str, list[tuple[Path, str]]] = {}
     if "train" in split_dirs:
       for split, d in split_dirs.items():
-        by_split[split] = [(f, c.name) for c in sorted(d.iterdir()) if c.is_dir() for f in _images(c)]
+        by_split[split] = [
+          (f, c.name) for c in sorted(d.iterdir()) if c.is_dir() for f in _images(c)
+        ]
       classes = sorted({c for _, c in by_split["train"]})
     else:
       items = [(f, c.name) for c in sorted(root.iterdir()) if c.is_dir() for f in _images(c)]
@@ -151,8 +164,12 @@ class LocalImageFolder(builders.LocalBuilder):
       by_split = {s: [] for s in builders.SPLITS}
       for f, c in items:
         key = str(f.relative_to(root))
-        by_split[builders.hash_split(key, cfg.validation_fraction, cfg.test_fraction)].append((f, c))
-      by_split = builders.nonempty_splits(by_split, cfg.path, cfg.validation_fraction, cfg.test_fraction)
+        by_split[builders.hash_split(key, cfg.validation_fraction, cfg.test_fraction)].append(
+          (f, c)
+        )
+      by_split = builders.nonempty_splits(
+        by_split, cfg.path, cfg.validation_fraction, cfg.test_fraction
+      )
     if not classes or not by_split.get("train"):
       raise ValueError(f"{root}: no images found in class folders ({', '.join(IMAGE_SUFFIXES)})")
     for split, items in by_split.items():
@@ -185,8 +202,12 @@ class LocalImageFolder(builders.LocalBuilder):
       for f, c in items:
         image = _load_image(f, channels)
         if image.shape != self.image_shape:
-          raise ValueError(f"{f}: image is {image.shape} (H, W, C), but {first} is {self.image_shape}")
-        out[split].append({"image": image, "label": classes.index(c), "file": str(f.relative_to(root))})
+          raise ValueError(
+            f"{f}: image is {image.shape} (H, W, C), but {first} is {self.image_shape}"
+          )
+        out[split].append(
+          {"image": image, "label": classes.index(c), "file": str(f.relative_to(root))}
+        )
     return out
 
 

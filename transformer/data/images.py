@@ -47,7 +47,9 @@ def random_flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
   return image[:, ::-1] if rng.random() < 0.5 else image
 
 
-def augment(image: np.ndarray, rng: np.random.Generator, crop_padding: int, flip: bool) -> np.ndarray:
+def augment(
+  image: np.ndarray, rng: np.random.Generator, crop_padding: int, flip: bool
+) -> np.ndarray:
   """Random crop (if `crop_padding` > 0) then random horizontal flip (if `flip`)."""
   image = random_crop(image, crop_padding, rng)
   if flip:

@@ -35,11 +35,15 @@ def fit_length(ids: np.ndarray, max_len: int, policy: str, where: str = "") -> n
   if policy == "skip":
     return None
   if policy == "error":
-    raise ValueError(f"{where or 'example'}: {len(ids)} tokens exceed the sequence length {max_len}")
+    raise ValueError(
+      f"{where or 'example'}: {len(ids)} tokens exceed the sequence length {max_len}"
+    )
   raise ValueError(f"overlong policy must be one of {OVERLONG_POLICIES}, got {policy!r}")
 
 
-def pad_example(example: Mapping[str, np.ndarray], lengths: Mapping[str, int]) -> dict[str, np.ndarray]:
+def pad_example(
+  example: Mapping[str, np.ndarray], lengths: Mapping[str, int]
+) -> dict[str, np.ndarray]:
   """Pads each feature in `lengths` to its row length, one example per row.
 
   The unpacked counterpart of `pack`, with the same output keys: `<key>`,

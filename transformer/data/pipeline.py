@@ -98,7 +98,9 @@ def _shuffled(ds: grain.MapDataset, seed: int, loader: Loader) -> grain.MapDatas
 
 
 def _to_iter(ds: grain.MapDataset, loader: Loader) -> grain.IterDataset:
-  options = grain.ReadOptions(num_threads=loader.read_threads, prefetch_buffer_size=loader.read_buffer)
+  options = grain.ReadOptions(
+    num_threads=loader.read_threads, prefetch_buffer_size=loader.read_buffer
+  )
   return ds.to_iter_dataset(options)
 
 
@@ -108,7 +110,9 @@ def _prefetched(ds: grain.IterDataset, loader: Loader) -> grain.IterDataset:
 
     if not flags.FLAGS.is_parsed():  # grain's workers read absl flags; outside an absl app
       flags.FLAGS.mark_as_parsed()  # (tests, notebooks) use their defaults.
-    options = grain.MultiprocessingOptions(num_workers=loader.num_workers, per_worker_buffer_size=loader.worker_buffer)
+    options = grain.MultiprocessingOptions(
+      num_workers=loader.num_workers, per_worker_buffer_size=loader.worker_buffer
+    )
     return ds.mp_prefetch(options)
   return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=loader.worker_buffer)
 
@@ -128,7 +132,9 @@ class _PaddedRows:
     return self._ds[i] if i < len(self._ds) else self._pad
 
 
-def _eval_batches(rows: grain.MapDataset, total: int, batch_size: int, loader: Loader) -> grain.IterDataset:
+def _eval_batches(
+  rows: grain.MapDataset, total: int, batch_size: int, loader: Loader
+) -> grain.IterDataset:
   """Batches of this host's `rows` (its shard of `total`), padded to the same count on all hosts."""
   _, count = loader.host()
   num_batches = -(-(-(-total // count)) // batch_size)  # ceil(ceil(total / count) / B)
@@ -138,7 +144,9 @@ def _eval_batches(rows: grain.MapDataset, total: int, batch_size: int, loader: L
   return _prefetched(_to_iter(padded.batch(batch_size), loader), loader)
 
 
-def token_stream(source: Sequence | np.ndarray, tokenizer: Tokenizer, text_key: str = "text") -> np.ndarray:
+def token_stream(
+  source: Sequence | np.ndarray, tokenizer: Tokenizer, text_key: str = "text"
+) -> np.ndarray:
   """The split's texts joined in source order and tokenized: int32 [N].
 
   An integer array is taken to be a token stream already and returned as is.
@@ -214,7 +222,12 @@ def lm_dataset(
     tokens = token_stream(source, tokenizer, text_key)
     starts = _windows(tokens, seq_len, train, source_name)
     if not train:
-      return _eval_batches(_shard(starts, loader).map(features.Windows(tokens, seq_len)), len(starts), batch_size, loader)
+      return _eval_batches(
+        _shard(starts, loader).map(features.Windows(tokens, seq_len)),
+        len(starts),
+        batch_size,
+        loader,
+      )
     ds = _shuffled(_shard(starts, loader), seed, loader).map(features.Windows(tokens, seq_len))
     return _train_batches(_to_iter(ds, loader), batch_size, loader)
   lengths = {"inputs": seq_len, "targets": seq_len}
@@ -257,7 +270,11 @@ def mlm_dataset(
     starts = _windows(tokens, seq_len - 2, train, source_name)
     ds = _shard(starts, loader)
     ds = _shuffled(ds, seed, loader) if train else ds
-    rows = ds.map(features.MLMWindow(tokens, seq_len)).map(_Pad(lengths)).random_map(mask, seed=mask_seed)
+    rows = (
+      ds.map(features.MLMWindow(tokens, seq_len))
+      .map(_Pad(lengths))
+      .random_map(mask, seed=mask_seed)
+    )
     if not train:
       return _eval_batches(rows, len(starts), batch_size, loader)
     return _train_batches(_to_iter(rows, loader), batch_size, loader)
@@ -268,7 +285,9 @@ def mlm_dataset(
   example = features.MLMExample(tokenizer, seq_len, text_key, loader.overlong, source_name)
   it = _to_iter(_shuffled(_records(source, loader), seed, loader).map(example), loader)
   if packed:
-    it = packing.pack(it, lengths, loader.packing_bins or batch_size, seed=derive_seed(seed, "pack"))
+    it = packing.pack(
+      it, lengths, loader.packing_bins or batch_size, seed=derive_seed(seed, "pack")
+    )
   else:
     it = it.map(_Pad(lengths))
   return _train_batches(it.random_map(mask, seed=mask_seed), batch_size, loader)
@@ -318,12 +337,18 @@ def seq2seq_dataset(
   """
   lengths = {"inputs": inputs_len, "targets": targets_len}
   policy = loader.overlong if train else _eval_policy(loader)
-  pair = features.Translation(tokenizer, inputs_len, targets_len, source_key, target_key, policy, source_name)
+  pair = features.Translation(
+    tokenizer, inputs_len, targets_len, source_key, target_key, policy, source_name
+  )
   if not train:
-    rows = _records(source, loader).map(pair).map(_Pad(lengths)).map(features.seq2seq_batch_features)
+    rows = (
+      _records(source, loader).map(pair).map(_Pad(lengths)).map(features.seq2seq_batch_features)
+    )
     return _eval_batches(rows, len(source), batch_size, loader)
   ds = _shuffled(_records(source, loader), seed, loader).map(pair)
-  return _finish_examples(ds, lengths, features.seq2seq_batch_features, batch_size, packed, seed, loader)
+  return _finish_examples(
+    ds, lengths, features.seq2seq_batch_features, batch_size, packed, seed, loader
+  )
 
 
 def image_dataset(

@@ -260,6 +260,21 @@ class CheckpointManager:
       raise error
     return Restored(step, restored[STATE], restored.get(DATA), restored.get(CONFIG))
 
+  def restore_numpy(self, step: int) -> Any:
+    """The saved state of `step` as host numpy arrays, structured as saved (no target).
+
+    For reading another run's weights (fine-tuning) without rebuilding its optimizer.
+    """
+    to_numpy = lambda _: ocp.RestoreArgs(restore_type=np.ndarray)
+    restore_args = jax.tree.map(to_numpy, self._state_metadata(step))
+    reader = ocp.PyTreeCheckpointer()
+    try:
+      return reader.restore(
+        self._directory / str(step) / STATE, args=ocp.args.PyTreeRestore(restore_args=restore_args)
+      )
+    finally:
+      reader.close()
+
   def _diagnose(self, step: int, items: Mapping[str, Any]) -> None:
     """Reads every item of `step` onto the host, independent of any target."""
     step_dir = self._directory / str(step)
@@ -270,15 +285,10 @@ class CheckpointManager:
         json.loads((step_dir / name / "metadata").read_text())  # JsonCheckpointHandler's file
       except Exception as e:
         raise _Corrupt(f"item {name!r} unreadable: {type(e).__name__}: {e}") from e
-    to_numpy = lambda _: ocp.RestoreArgs(restore_type=np.ndarray)
-    restore_args = jax.tree.map(to_numpy, self._state_metadata(step))
-    reader = ocp.PyTreeCheckpointer()
     try:
-      reader.restore(step_dir / STATE, args=ocp.args.PyTreeRestore(restore_args=restore_args))
+      self.restore_numpy(step)
     except Exception as e:
       raise _Corrupt(f"state arrays unreadable: {type(e).__name__}: {e}") from e
-    finally:
-      reader.close()
 
   def _move_aside(self, step: int, reason: str) -> None:
     source = self._directory / str(step)

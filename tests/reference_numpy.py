@@ -1,0 +1,460 @@
+"""An independent float64 NumPy Transformer, written from the papers, for equivalence tests.
+
+Nothing here imports `transformer`: every function is a direct transcription of a
+definition (Vaswani et al. 2017; Ba et al. 2016; Zhang & Sennrich 2019; Shazeer 2020;
+Su et al. 2021; Press et al. 2022; Raffel et al. 2020; Shaw et al. 2018; Devlin et al.
+2019; Dosovitskiy et al. 2021). Weights are read from a flax params pytree (converted
+with `to_numpy`), so only the parameter *names and layouts* are shared with the model:
+
+  Dense kernel [in, out]; attention query/key/value kernel [D, heads, H], bias [heads, H];
+  attention out kernel [N, H, D]; norm 'scale' (and LayerNorm 'bias'); embedding tables
+  'embedding' [rows, D]; ViT patch kernel [P, P, C, D].
+
+Masks are boolean, True = may attend. A query row with no visible key gets uniform
+weights (the documented behaviour of the model's attention).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+Params = Mapping[str, Any]
+
+
+def to_numpy(tree: Any) -> Any:
+  """A (nested dict) params pytree as float64 NumPy arrays."""
+  if isinstance(tree, Mapping):
+    return {k: to_numpy(v) for k, v in tree.items()}
+  return np.asarray(tree, dtype=np.float64)
+
+
+# ----------------------------------------------------------------------------------------
+# Elementwise functions, norms, dense layers.
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+  """Exact GELU, x * Phi(x) (Hendrycks & Gimpel 2016)."""
+  return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+  return x / (1.0 + np.exp(-x))
+
+
+def relu(x: np.ndarray) -> np.ndarray:
+  return np.maximum(x, 0.0)
+
+
+def softmax(logits: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+  """Softmax over the last axis; masked entries get weight 0, all-masked rows are uniform."""
+  if mask is not None:
+    mask = np.broadcast_to(mask, logits.shape)
+    empty = ~mask.any(-1, keepdims=True)
+    mask = mask | empty  # a row that sees nothing sees everything, equally
+    logits = np.where(empty, 0.0, logits)
+    logits = np.where(mask, logits, -np.inf)
+  z = np.exp(logits - logits.max(-1, keepdims=True))
+  return z / z.sum(-1, keepdims=True)
+
+
+def layer_norm(x: np.ndarray, p: Params, eps: float) -> np.ndarray:
+  """Ba et al. 2016: (x - mean) / sqrt(var + eps) * scale + bias over the last axis."""
+  mean = x.mean(-1, keepdims=True)
+  var = ((x - mean) ** 2).mean(-1, keepdims=True)
+  return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def rms_norm(x: np.ndarray, p: Params, eps: float) -> np.ndarray:
+  """Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * scale."""
+  return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * p["scale"]
+
+
+def norm(x: np.ndarray, p: Params, config) -> np.ndarray:
+  if config.norm == "layernorm":
+    return layer_norm(x, p, config.norm_eps)
+  return rms_norm(x, p, config.norm_eps)
+
+
+def dense(x: np.ndarray, p: Params) -> np.ndarray:
+  """x @ kernel (+ bias), contracting the last axis of x with the first of the kernel."""
+  y = np.tensordot(x, p["kernel"], axes=([-1], [0]))
+  return y + p["bias"] if "bias" in p else y
+
+
+def feed_forward(x: np.ndarray, p: Params, activation: str) -> np.ndarray:
+  """FFN(x) = W2 act(W1 x) (Vaswani et al. 3.3); GLU variants W2 (act(W x) * V x) (Shazeer)."""
+  if activation == "relu":
+    h = relu(dense(x, p["wi"]))
+  elif activation == "gelu":
+    h = gelu(dense(x, p["wi"]))
+  elif activation == "swiglu":
+    h = silu(dense(x, p["wi_0"])) * dense(x, p["wi_1"])
+  elif activation == "geglu":
+    h = gelu(dense(x, p["wi_0"])) * dense(x, p["wi_1"])
+  else:
+    raise ValueError(activation)
+  return dense(h, p["wo"])
+
+
+# ----------------------------------------------------------------------------------------
+# Positions.
+
+
+def sinusoidal(positions: np.ndarray, d_model: int) -> np.ndarray:
+  """Vaswani et al. 3.5, element by element: PE(pos, 2i) = sin(pos / 10000^(2i/d)), cos odd."""
+  positions = np.asarray(positions)
+  out = np.zeros(positions.shape + (d_model,))
+  for idx in np.ndindex(positions.shape):
+    pos = float(positions[idx])
+    for i in range(d_model // 2):
+      angle = pos / 10000.0 ** (2 * i / d_model)
+      out[idx + (2 * i,)] = math.sin(angle)
+      out[idx + (2 * i + 1,)] = math.cos(angle)
+  return out
+
+
+def sincos_2d(grid: int, d_model: int) -> np.ndarray:
+  """2-D sin-cos (MAE): first half of the features encode the patch row, second the column."""
+  rows, cols = np.meshgrid(np.arange(grid), np.arange(grid), indexing="ij")
+  half = d_model // 2
+  return np.concatenate(
+    [sinusoidal(rows.reshape(-1), half), sinusoidal(cols.reshape(-1), half)], axis=-1
+  )
+
+
+def rope(x: np.ndarray, positions: np.ndarray, theta: float) -> np.ndarray:
+  """Su et al. 2021 as a complex rotation of the pairs (x[i], x[i + H/2]) by pos * theta^(-2i/H).
+
+  x: [B, T, N, H]; positions: [B, T].
+  """
+  h = x.shape[-1]
+  freq = theta ** (-2.0 * np.arange(h // 2) / h)  # [H/2]
+  z = x[..., : h // 2] + 1j * x[..., h // 2 :]  # [B, T, N, H/2]
+  z = z * np.exp(1j * positions[:, :, None, None] * freq)
+  return np.concatenate([z.real, z.imag], axis=-1)
+
+
+def alibi_slopes(n: int) -> np.ndarray:
+  """Press et al. 2022 (reference code `get_slopes`): 2^(-8/n) ratio for a power of two n."""
+
+  def power_of_2(n):
+    start = 2 ** (-(2 ** -(math.log2(n) - 3)))
+    return [start * start**i for i in range(n)]
+
+  if math.log2(n).is_integer():
+    return np.array(power_of_2(n))
+  closest = 2 ** math.floor(math.log2(n))
+  return np.array(power_of_2(closest) + list(alibi_slopes(2 * closest))[0::2][: n - closest])
+
+
+def t5_relative_position_bucket(
+  relative_position: int, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> int:
+  """T5's `_relative_position_bucket` (Raffel et al. 2020; mesh_tensorflow), one scalar at a time.
+
+  relative_position = memory (key) position - query position. The float32 logarithm of the
+  original is kept, so the bucket edges fall exactly where T5 puts them.
+  """
+  ret = 0
+  n = -relative_position
+  if bidirectional:
+    num_buckets //= 2
+    ret += int(n < 0) * num_buckets
+    n = abs(n)
+  else:
+    n = max(n, 0)
+  max_exact = num_buckets // 2
+  if n < max_exact:
+    return ret + n
+  log = np.log(np.float32(n) / np.float32(max_exact))  # float32, as tf.log(tf.to_float(n) / ..)
+  val = max_exact + int(
+    np.float32(
+      log / np.float32(math.log(max_distance / max_exact)) * np.float32(num_buckets - max_exact)
+    )
+  )
+  return ret + min(val, num_buckets - 1)
+
+
+def reference_mask(
+  q_index: np.ndarray,
+  kv_index: np.ndarray,
+  causal: bool = False,
+  window: int | None = None,
+  q_segments: np.ndarray | None = None,
+  kv_segments: np.ndarray | None = None,
+) -> np.ndarray:
+  """bool [B|1, 1, T, S]: key s visible from query t (indices, not positions)."""
+  t, s = q_index[:, None], kv_index[None, :]
+  allowed = np.ones((len(q_index), len(kv_index)), bool)
+  if causal:
+    allowed &= s <= t
+  if window is not None:
+    allowed &= (t - s < window) if causal else (np.abs(t - s) < window)
+  allowed = allowed[None, None]
+  if q_segments is not None:
+    same = q_segments[:, :, None] == kv_segments[:, None, :]  # [B, T, S]
+    allowed = allowed & same[:, None]
+  return allowed
+
+
+# ----------------------------------------------------------------------------------------
+# Attention.
+
+
+def attention(
+  q: np.ndarray,
+  k: np.ndarray,
+  v: np.ndarray,
+  mask: np.ndarray | None = None,
+  bias: np.ndarray | None = None,
+  return_weights: bool = False,
+):
+  """softmax(q k^T / sqrt(H) + bias) v per head (Vaswani et al. 3.2.1).
+
+  q: [B, T, N, H]; k, v: [B, S, K, H]. Query head n reads key/value head n // (N / K)
+  (Ainslie et al. 2023, GQA: contiguous groups).
+  """
+  n, kv = q.shape[2], k.shape[2]
+  k = np.repeat(k, n // kv, axis=2)  # [B, S, N, H]
+  v = np.repeat(v, n // kv, axis=2)
+  logits = np.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(q.shape[-1])
+  if bias is not None:
+    logits = logits + bias
+  weights = softmax(logits, mask)
+  out = np.einsum("bnts,bsnh->btnh", weights, v)
+  return (out, weights) if return_weights else out
+
+
+def multi_head_attention(
+  p: Params,
+  x: np.ndarray,
+  kv_input: np.ndarray | None,
+  config,
+  mask: np.ndarray | None,
+  q_positions: np.ndarray,
+  kv_positions: np.ndarray,
+  causal: bool,
+  rel_table: np.ndarray | None = None,
+  is_cross: bool = False,
+) -> np.ndarray:
+  """MultiHead(Q, K, V) = Concat(head_1..N) W^O with the configured in-attention positions."""
+  kv_input = x if kv_input is None else kv_input
+  q = dense(x, p["query"])  # [B, T, N, H]
+  k = dense(kv_input, p["key"])  # [B, S, K, H]
+  v = dense(kv_input, p["value"])
+  bias = None
+  pos = None if is_cross else config.position
+  relative = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]: key - query
+  if pos == "rope":
+    q = rope(q, q_positions, config.rope_theta)
+    k = rope(k, kv_positions, config.rope_theta)
+  elif pos == "alibi":
+    slopes = alibi_slopes(config.num_heads)
+    bias = -slopes[None, :, None, None] * np.abs(relative)[:, None]
+  elif pos == "relative_t5":
+    buckets = np.vectorize(t5_relative_position_bucket)(
+      relative, not causal, config.relative_num_buckets, config.relative_max_distance
+    )
+    bias = rel_table[buckets].transpose(0, 3, 1, 2)  # [B, N, T, S]
+  elif pos == "relative_shaw":
+    kmax = config.shaw_max_distance
+    a = p["rel_key_embedding"][np.clip(relative, -kmax, kmax) + kmax]  # [B, T, S, H]
+    bias = np.einsum("btnh,btsh->bnts", q, a) / math.sqrt(q.shape[-1])
+  out = attention(q, k, v, mask, bias)  # [B, T, N, H]
+  return np.einsum("btnh,nhd->btd", out, p["out"]["kernel"]) + p["out"].get("bias", 0.0)
+
+
+# ----------------------------------------------------------------------------------------
+# Blocks.
+
+
+def block(
+  p: Params,
+  x: np.ndarray,
+  config,
+  mask: np.ndarray | None,
+  positions: np.ndarray,
+  causal: bool,
+  rel_table: np.ndarray | None = None,
+  encoded: np.ndarray | None = None,
+  cross_mask: np.ndarray | None = None,
+) -> np.ndarray:
+  """Pre-LN: x + f(norm(x)); post-LN (Vaswani et al.): norm(x + f(x)); dropout off."""
+
+  def sublayer(x, name, f):
+    if config.norm_position == "pre":
+      return x + f(norm(x, p[name], config))
+    return norm(x + f(x), p[name], config)
+
+  def self_attn(h):
+    return multi_head_attention(
+      p["self_attention"], h, None, config, mask, positions, positions, causal, rel_table
+    )
+
+  x = sublayer(x, "self_attention_norm", self_attn)
+  if encoded is not None:
+    src_pos = np.broadcast_to(np.arange(encoded.shape[1]), encoded.shape[:2])
+
+    def cross_attn(h):
+      return multi_head_attention(
+        p["cross_attention"],
+        h,
+        encoded,
+        config,
+        cross_mask,
+        positions,
+        src_pos,
+        False,
+        is_cross=True,
+      )
+
+    x = sublayer(x, "cross_attention_norm", cross_attn)
+  return sublayer(x, "ffn_norm", lambda h: feed_forward(h, p["ffn"], config.activation))
+
+
+def stack(
+  p: Params,
+  x: np.ndarray,
+  config,
+  num_layers: int,
+  mask: np.ndarray | None,
+  positions: np.ndarray,
+  causal: bool,
+  encoded: np.ndarray | None = None,
+  cross_mask: np.ndarray | None = None,
+) -> np.ndarray:
+  rel_table = p.get("rel_embedding")
+  for i in range(num_layers):
+    x = block(p[f"layer_{i}"], x, config, mask, positions, causal, rel_table, encoded, cross_mask)
+  if config.norm_position == "pre":
+    x = norm(x, p["final_norm"], config)
+  return x
+
+
+# ----------------------------------------------------------------------------------------
+# Models.
+
+
+def _embed(p_table: np.ndarray, tokens: np.ndarray, config) -> np.ndarray:
+  x = p_table[tokens]
+  return x * math.sqrt(config.d_model) if config.scale_embeddings else x
+
+
+def _add_positions(x, p_embedder, positions, config):
+  if config.position == "learned":
+    return x + p_embedder["positions"]["embedding"][positions]
+  if config.position == "sinusoidal":
+    return x + sinusoidal(positions, config.d_model)
+  return x
+
+
+def _positions(tokens):
+  return np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
+
+
+def decoder_lm(
+  p: Params, tokens: np.ndarray, config, segment_ids=None, positions=None
+) -> np.ndarray:
+  """GPT: causal stack, logits x E^T (tied) or through lm_head. Returns [B, T, V].
+
+  segment_ids / positions: packed sequences (positions restart in each segment).
+  """
+  positions = _positions(tokens) if positions is None else positions
+  x = _add_positions(
+    _embed(p["token_embed"]["embedding"], tokens, config), p.get("embedder"), positions, config
+  )
+  segments = np.ones_like(tokens) if segment_ids is None else segment_ids
+  idx = np.arange(tokens.shape[1])
+  mask = reference_mask(idx, idx, True, config.sliding_window, segments, segments)
+  x = stack(p["decoder"], x, config, config.num_layers, mask, positions, True)
+  if config.tie_embeddings:
+    return x @ p["token_embed"]["embedding"].T
+  return dense(x, p["lm_head"])
+
+
+def encoder(p_model: Params, tokens, config, segment_ids=None, token_type_ids=None):
+  """BERT backbone: token + position (+ type) embeddings, (post-LN: LayerNorm), the stack."""
+  p = p_model["encoder"]
+  positions = _positions(tokens)
+  segments = (tokens != 0).astype(int) if segment_ids is None else segment_ids
+  x = _add_positions(
+    _embed(p_model["token_embed"]["embedding"], tokens, config), p.get("embedder"), positions, config
+  )
+  if config.type_vocab_size:
+    types = np.zeros_like(tokens) if token_type_ids is None else token_type_ids
+    x = x + p["token_type_embed"]["embedding"][types]
+  if config.norm_position == "post":
+    x = norm(x, p["embed_norm"], config)
+  idx = np.arange(tokens.shape[1])
+  mask = reference_mask(idx, idx, False, config.sliding_window, segments, segments)
+  return stack(p["layers"], x, config, config.num_layers, mask, positions, False)
+
+
+def masked_lm(p: Params, tokens, config, segment_ids=None, token_type_ids=None):
+  """BERT MLM head: norm(gelu(W h + b)) E^T + output bias. Returns [B, T, V]."""
+  x = encoder(p, tokens, config, segment_ids, token_type_ids)
+  x = norm(gelu(dense(x, p["mlm_transform"])), p["mlm_norm"], config)
+  if config.tie_embeddings:
+    logits = x @ p["token_embed"]["embedding"].T
+  else:
+    logits = dense(x, p["mlm_head"])
+  return logits + p["mlm_bias"]
+
+
+def sequence_classifier(p: Params, tokens, config, segment_ids=None, token_type_ids=None):
+  """BERT classifier: tanh(W pooled + b) then a linear classifier. Returns [B, C]."""
+  x = encoder(p, tokens, config, segment_ids, token_type_ids)
+  if config.pooling == "cls":
+    pooled = x[:, 0]
+  else:
+    valid = ((tokens != 0) if segment_ids is None else (segment_ids > 0)).astype(float)
+    pooled = np.einsum("btd,bt->bd", x, valid) / np.maximum(valid.sum(1, keepdims=True), 1)
+  return dense(np.tanh(dense(pooled, p["pooler"])), p["classifier"])
+
+
+def encoder_decoder(p: Params, inputs, targets, config) -> np.ndarray:
+  """Vaswani et al.: encoder over inputs, decoder over targets shifted right (start 0)."""
+  table = p["shared_embed"]["embedding"]
+  src_seg = (inputs != 0).astype(int)
+  tgt_seg = (targets != 0).astype(int)
+  src_pos, tgt_pos = _positions(inputs), _positions(targets)
+  si, ti = np.arange(inputs.shape[1]), np.arange(targets.shape[1])
+  x = _add_positions(_embed(table, inputs, config), p.get("encoder_embedder"), src_pos, config)
+  enc_mask = reference_mask(si, si, False, None, src_seg, src_seg)
+  encoded = stack(p["encoder"], x, config, config.num_layers, enc_mask, src_pos, False)
+  dec_in = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+  y = _add_positions(_embed(table, dec_in, config), p.get("decoder_embedder"), tgt_pos, config)
+  self_mask = reference_mask(ti, ti, True, config.sliding_window, tgt_seg, tgt_seg)
+  cross_mask = reference_mask(ti, si, False, None, tgt_seg, src_seg)
+  y = stack(
+    p["decoder"], y, config, config.decoder_layers, self_mask, tgt_pos, True, encoded, cross_mask
+  )
+  return y @ table.T if config.tie_embeddings else dense(y, p["lm_head"])
+
+
+def vision_transformer(p: Params, images: np.ndarray, config) -> np.ndarray:
+  """Dosovitskiy et al. eq. 1-4: linear patch projection, [CLS], positions, stack, head."""
+  b, size, _, ch = images.shape
+  ps, g = config.patch_size, size // config.patch_size
+  patches = images.reshape(b, g, ps, g, ps, ch).transpose(0, 1, 3, 2, 4, 5)  # [B, G, G, P, P, C]
+  patches = patches.reshape(b, g * g, ps * ps * ch)  # row-major patch order
+  w = p["patch_embed"]["kernel"].reshape(ps * ps * ch, config.d_model)
+  x = patches @ w + p["patch_embed"]["bias"]  # [B, G*G, D]
+  if config.position == "sinusoidal":
+    x = x + sincos_2d(g, config.d_model)
+  if config.pooling == "cls":
+    cls = np.broadcast_to(p["cls"].reshape(1, 1, -1), (b, 1, config.d_model))
+    x = np.concatenate([cls, x], axis=1)
+  if config.position == "learned":
+    x = x + p["pos_embedding"]
+  positions = _positions(x[..., 0])
+  x = stack(p["encoder"], x, config, config.num_layers, None, positions, False)
+  pooled = x[:, 0] if config.pooling == "cls" else x.mean(1)
+  return dense(pooled, p["head"])

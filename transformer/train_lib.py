@@ -1,0 +1,326 @@
+"""The training loop: `train_and_evaluate(config, workdir)`.
+
+config -> validated parts -> data (grain iterators) -> model + optimizer -> restore the
+latest checkpoint in `workdir` if any (train state + data position) -> steps, metrics,
+evaluations and checkpoints -> final evaluation, curves PNG and (for LMs) a text sample.
+Rerunning the same command continues an interrupted run exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from transformer import experiment
+from transformer.config import ModelConfig
+from transformer.data.datasets import DataInfo, make_datasets
+from transformer.models import build_model
+from transformer.training import checkpoints, schedules
+from transformer.training.metric_writers import MetricWriter, plot_curves
+from transformer.training.optimizer import create_optimizer
+from transformer.training.parallel import StepRunner
+from transformer.training.tasks import TOKEN_KEY, init_inputs
+from transformer.training.train_step import (
+  StepConfig,
+  TrainState,
+  create_train_state,
+  summarize_eval,
+)
+from transformer.workdir import WorkdirLock, prepare_workdir
+
+MODEL_CONFIG_FILE = "model_config.json"
+
+
+class NonFiniteError(RuntimeError):
+  """A NaN or Inf appeared in the loss or gradients."""
+
+
+def zeros_batch(
+  info: DataInfo, train: bool = True, rows: int | None = None
+) -> dict[str, np.ndarray]:
+  """A batch of zeros with the data's shapes (for init and compilation)."""
+  out = {}
+  for key, (shape, dtype) in info.batch_shapes(train).items():
+    shape = (rows or shape[0], *shape[1:])
+    out[key] = np.zeros(shape, dtype)
+  return out
+
+
+def init_params(model, kind: str, info: DataInfo, seed: int) -> Any:
+  """Float32 parameters of `model`, shaped by one row of the data."""
+  args, kwargs = init_inputs(kind, zeros_batch(info, rows=1))
+  rng = jax.random.PRNGKey(seed)
+  return jax.jit(lambda r: model.init(r, *args, **kwargs))(rng)["params"]
+
+
+def load_model_config(workdir: str) -> ModelConfig:
+  """The finalized model config a run saved in its workdir."""
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no saved model config (is {workdir} a training workdir?)")
+  with open(path, encoding="utf-8") as f:
+    return ModelConfig(**json.load(f))
+
+
+def _check_model_matches(workdir: str, model_cfg: ModelConfig) -> None:
+  """A workdir holding another model's checkpoints is an error naming the fields."""
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  saved = load_model_config(workdir).to_dict()
+  current = model_cfg.to_dict()
+  structural = ("scan_layers",)  # changes the parameter tree: never compatible
+  ignore = ("dropout_rate", "attention_dropout_rate", "attention_impl", "attention_chunk_size",
+            "dtype", "remat_policy")  # fmt: skip
+  diffs = [
+    f"model.{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
+    for k, v in current.items()
+    if k not in ignore and (saved.get(k) != v or k in structural and saved.get(k) != v)
+  ]
+  if diffs:
+    raise ValueError(
+      f"{workdir} holds a run of a different model ({'; '.join(diffs)}); "
+      "use another --workdir or the same model settings"
+    )
+
+
+def _load_init_from(path: str, params: Any) -> Any:
+  """Copies the parameters of another run whose paths and shapes match (fine-tuning)."""
+  ckpt_dir = (
+    os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
+  )
+  with checkpoints.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False) as mgr:
+    step = mgr.latest_step()
+    if step is None:
+      raise ValueError(f"config.init_from={path!r}: no checkpoint found in {ckpt_dir}")
+    source = mgr.restore_numpy(step)["params"]
+  flat_src = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
+  copied = []
+
+  def take(keypath, leaf):
+    key = jax.tree_util.keystr(keypath)
+    src = flat_src.get(key)
+    if src is not None and tuple(src.shape) == tuple(leaf.shape):
+      copied.append(key)
+      return jnp.asarray(src, leaf.dtype)
+    return leaf
+
+  params = jax.tree_util.tree_map_with_path(take, params)
+  if not copied:
+    raise ValueError(
+      f"config.init_from={path!r}: no parameter matches this model by path and shape"
+    )
+  logging.info(
+    "init_from %s: %d of %d tensors copied", path, len(copied), len(jax.tree.leaves(params))
+  )
+  return params
+
+
+class _Preemption:
+  """SIGTERM sets a flag; the loop saves a checkpoint at the current step and returns."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    def handler(signum, frame):
+      self.requested = True
+
+    try:
+      self._previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+      self._previous = None
+    return self
+
+  def __exit__(self, *exc):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def evaluate(runner: StepRunner, state: TrainState, eval_factory, max_batches: int = 0) -> dict:
+  """Means over the evaluation split (or its first `max_batches` batches)."""
+  totals: dict[str, float] = {}
+  for i, batch in enumerate(eval_factory()):
+    if max_batches and i >= max_batches:
+      break
+    sums = jax.device_get(runner.eval(state, batch))
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  if not totals:
+    raise ValueError("the evaluation split produced no batches")
+  return summarize_eval(totals)
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains the model `config` describes in `workdir`; returns the final eval metrics."""
+  exp = experiment.validate(config)
+  loop = exp.loop
+  workdir = prepare_workdir(workdir)
+  with WorkdirLock(workdir):
+    return _train(config, exp, loop, workdir)
+
+
+def _train(config, exp: experiment.Experiment, loop: dict, workdir: str) -> dict[str, float]:
+  is_primary = jax.process_index() == 0
+  train_iter, eval_factory, info = make_datasets(
+    exp.data, workdir, loop["batch_size"], loop["seq_len"], loop["seed"]
+  )
+  model_cfg = experiment.finalize_model(exp, info.vocab_size, info.num_classes)
+  longest = max(info.seq_len, info.target_seq_len)
+  if model_cfg.family != "vit" and longest > model_cfg.max_len:
+    raise ValueError(f"config.seq_len={longest} exceeds config.model.max_len={model_cfg.max_len}")
+  _check_model_matches(workdir, model_cfg)
+  model = build_model(model_cfg)
+  kind = exp.data.kind
+
+  schedule = schedules.create_schedule(**exp.schedule)
+  params = init_params(model, kind, info, loop["seed"])
+  tx = create_optimizer(exp.optimizer, schedule, params)
+  step_cfg = StepConfig(
+    model=model, tx=tx, kind=kind, label_smoothing=loop["label_smoothing"], z_loss=loop["z_loss"],
+    grad_accum_steps=loop["grad_accum_steps"], skip_nonfinite=loop["skip_nonfinite"],
+    schedule=schedule,
+  )  # fmt: skip
+  runner = StepRunner(step_cfg, loop["parallelism"])
+  runner.check_batch_size(
+    info.batch_size // loop["grad_accum_steps"], "batch_size / grad_accum_steps"
+  )
+  runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
+
+  state = create_train_state(params, tx, jax.random.PRNGKey(loop["seed"] + 1))
+  ckpt = checkpoints.CheckpointManager(
+    os.path.join(workdir, "checkpoints"), max_to_keep=loop["keep_checkpoints"],
+    best_metric=f"eval_{loop['best_metric']}" if loop["best_metric"] else None,
+    best_mode=loop["best_mode"],
+  )  # fmt: skip
+  with ckpt:
+    target = runner.state_target(jax.eval_shape(lambda: state))
+    restored = ckpt.restore(target)
+    if restored is not None:
+      state = restored.state
+      if restored.data_state is not None:
+        train_iter.set_state(restored.data_state)
+      print(f"resumed from step {restored.step} ({ckpt.directory})")
+    elif loop["init_from"]:
+      state = state.replace(params=_load_init_from(loop["init_from"], state.params))
+      state = state.replace(opt_state=tx.init(state.params))
+    if is_primary:
+      checkpoints.write_config(config, workdir)
+      with open(os.path.join(workdir, MODEL_CONFIG_FILE), "w", encoding="utf-8") as f:
+        json.dump(model_cfg.to_dict(), f, indent=2)
+    start = int(jax.device_get(state.step))
+    writer = MetricWriter(
+      workdir, is_primary=is_primary, total_steps=loop["num_train_steps"],
+      resume_step=start if restored is not None else None,
+    )  # fmt: skip
+    with writer, _Preemption() as preemption:
+      result = _loop(
+        loop, runner, state, train_iter, eval_factory, ckpt, writer, preemption, config, start,
+        kind,
+      )  # fmt: skip
+    ckpt.wait_until_finished()
+  if is_primary:
+    plot_curves([writer.jsonl_path], os.path.join(workdir, "curves.png"))
+  final_metrics, final_state = result
+  if final_metrics.get("preempted"):
+    return final_metrics
+  if kind == "lm" and loop["sample_tokens"] and is_primary:
+    _print_sample(model, runner.host_state(final_state).params, info, loop)
+  return final_metrics
+
+
+def _save(ckpt, runner, state, train_iter, config, metrics=None) -> int:
+  host = runner.host_state(state)
+  step = int(jax.device_get(host.step))
+  if step not in ckpt.all_steps():
+    ckpt.save(step, host, data_state=train_iter.get_state(), config=config, metrics=metrics)
+  return step
+
+
+def _check_finite(runner, state, loop, ckpt) -> None:
+  """Stops the run at the first update whose loss or gradients were NaN/Inf.
+
+  The step records it on the device (no per-step host sync); the update was not applied,
+  so the state is the last good one, and no checkpoint of it is written.
+  """
+  if loop["skip_nonfinite"]:
+    return
+  host = jax.device_get(runner.host_state(state))
+  if int(host.nonfinite_count):
+    ckpt.wait_until_finished()
+    good = ckpt.latest_step()
+    raise NonFiniteError(
+      f"step {int(host.first_nonfinite_step)}: loss or gradients are NaN/Inf; the update was "
+      f"not applied and training stopped; last good checkpoint: "
+      f"{'step ' + str(good) if good is not None else 'none'} in {ckpt.directory} (kept)"
+    )
+
+
+def _loop(
+  loop, runner, state, train_iter, eval_factory, ckpt, writer, preemption, config, start, kind
+):
+  total = loop["num_train_steps"]
+  token_key = TOKEN_KEY[kind]
+  eval_metrics: dict[str, float] = {}
+  last_time, tokens_since = time.perf_counter(), 0.0
+  for step in range(start, total):
+    batch = next(train_iter)
+    tokens_since += (
+      float(np.count_nonzero(batch[token_key] > 0)) if kind != "image" else len(batch[token_key])
+    )
+    state, metrics = runner.train(state, batch)
+    done = step + 1
+    if done % loop["log_every"] == 0 or done == total or done == start + 1:
+      metrics = jax.device_get(metrics)
+      _check_finite(runner, state, loop, ckpt)
+      now = time.perf_counter()
+      scalars = {k: float(v) for k, v in metrics.items()}
+      scalars["tokens_per_sec"] = tokens_since / max(now - last_time, 1e-9)
+      if loop["skip_nonfinite"]:
+        scalars["nonfinite_skipped"] = int(jax.device_get(runner.host_state(state).nonfinite_count))
+      writer.write_scalars(done, scalars)
+      last_time, tokens_since = now, 0.0
+    is_eval = done == total or (loop["eval_every"] and done % loop["eval_every"] == 0)
+    if is_eval:
+      _check_finite(runner, state, loop, ckpt)
+      eval_metrics = evaluate(runner, state, eval_factory, loop["eval_batches"])
+      writer.write_scalars(done, eval_metrics, split="eval")
+    if done % loop["checkpoint_every"] == 0 or done == total or preemption.requested:
+      _check_finite(runner, state, loop, ckpt)  # never checkpoint past a NaN
+      ranked = {f"eval_{k}": v for k, v in eval_metrics.items()} if is_eval else None
+      if loop["best_metric"] and ranked is None:
+        ranked = {f"eval_{loop['best_metric']}": float("nan")}
+      _save(ckpt, runner, state, train_iter, config, ranked)
+    if preemption.requested:
+      ckpt.wait_until_finished()
+      logging.warning("SIGTERM: saved step %d and stopped", done)
+      return {"preempted": 1.0, "step": float(done)}, state
+  if start >= total:  # already finished: evaluate the restored state again
+    eval_metrics = evaluate(runner, state, eval_factory, loop["eval_batches"])
+  return eval_metrics, state
+
+
+def _print_sample(model, params, info: DataInfo, loop: dict) -> None:
+  from transformer import decoding
+
+  tok = info.tokenizer
+  prompt = loop["sample_prompt"] or "\n"
+  ids = tok.encode(prompt)
+  max_new = min(loop["sample_tokens"], model.config.max_len - len(ids))
+  out = decoding.generate(
+    model, params, [ids], max_new_tokens=max_new, method="sample",
+    temperature=loop["sample_temperature"], rng=jax.random.PRNGKey(loop["seed"]),
+  )  # fmt: skip
+  text = tok.decode(list(np.asarray(out.tokens[0])))
+  print(f"--- sample ({max_new} tokens, temperature {loop['sample_temperature']}) ---")
+  print(prompt + text)

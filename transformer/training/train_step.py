@@ -1,0 +1,168 @@
+"""The train state and the pure train and eval steps.
+
+`train_step(state, batch, *, static) -> (state, metrics)` is a module-level pure function,
+compiled once by `jax.jit` (mesh shardings; the global batch is one array) or `jax.pmap`
+(`axis_name`: gradients and sums are psum-ed). The loss is the label-smoothed
+cross-entropy summed over all weighted tokens of the global batch, divided by their
+count, so jit, pmap, one device and gradient accumulation all optimise the same number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from transformer.training import losses
+from transformer.training.tasks import FORWARD, Batch
+
+
+@flax.struct.dataclass
+class TrainState:
+  """Everything a checkpoint needs to continue: the update count, weights, optimizer, rng.
+
+  The dropout key of update `step` is `fold_in(rng, step)`, so a resumed run draws the
+  same dropout masks as an uninterrupted one.
+  """
+
+  step: jax.Array  # int32 scalar: updates applied so far
+  params: Any
+  opt_state: Any
+  rng: jax.Array  # uint32 [2]: base key of the dropout randomness
+  nonfinite_count: jax.Array  # int32 scalar: updates not applied because of NaN/Inf
+  first_nonfinite_step: jax.Array  # int32 scalar: step number of the first such update, or -1
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+  """The static (hashable) parts of a step: the model and the loss settings."""
+
+  model: nn.Module
+  tx: optax.GradientTransformation
+  kind: str  # data kind: lm | mlm | classification | seq2seq | image
+  label_smoothing: float = 0.0
+  z_loss: float = 0.0
+  grad_accum_steps: int = 1
+  skip_nonfinite: bool = False
+  axis_name: str | None = None  # set for pmap
+  schedule: Any = None  # count -> learning rate, for logging
+
+
+def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+  return TrainState(
+    step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+    rng=jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng,
+    nonfinite_count=jnp.zeros((), jnp.int32), first_nonfinite_step=jnp.full((), -1, jnp.int32),
+  )  # fmt: skip
+
+
+def _sums(cfg: StepConfig, params, batch: Batch, rng, deterministic: bool):
+  """Summed loss of one (micro-)batch and the sums behind the metrics."""
+  rngs = {"dropout": rng} if rng is not None else {}
+  logits, targets, weights = FORWARD[cfg.kind](
+    cfg.model, {"params": params}, batch, deterministic, rngs
+  )
+  loss_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
+    logits, targets, weights, cfg.label_smoothing, cfg.z_loss
+  )
+  correct, _ = losses.accuracy_sum(logits, targets, weights)
+  sums = {
+    "loss_sum": loss_sum,
+    "weight_sum": weight_sum,
+    "nll_sum": extra["nll_sum"],
+    "correct_sum": correct,
+  }
+  return loss_sum, (sums, extra["normalizing_offset"])
+
+
+def _global_norm(tree) -> jax.Array:
+  return optax.global_norm(tree)
+
+
+def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[TrainState, dict]:
+  """One optimizer update on the (global) batch; returns the new state and metrics."""
+  rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+  if cfg.axis_name is not None:  # each device draws its own dropout masks
+    rng = jax.random.fold_in(rng, lax.axis_index(cfg.axis_name))
+  grad_fn = jax.grad(lambda p, b, r: _sums(cfg, p, b, r, False), has_aux=True)
+
+  if cfg.grad_accum_steps == 1:
+    grads, (sums, offset) = grad_fn(state.params, batch, rng)
+  else:
+    k = cfg.grad_accum_steps
+    micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
+
+    def accumulate(carry, inputs):
+      i, mb = inputs
+      g, s = grad_fn(state.params, mb, jax.random.fold_in(rng, i))
+      return jax.tree.map(jnp.add, carry, (g, s)), None
+
+    zeros = jax.tree.map(
+      jnp.zeros_like,
+      jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng),
+    )
+    (grads, (sums, offset)), _ = lax.scan(accumulate, zeros, (jnp.arange(k), micro))
+    offset = offset / k
+
+  if cfg.axis_name is not None:
+    grads, sums = lax.psum((grads, sums), cfg.axis_name)
+  denom = jnp.maximum(sums["weight_sum"], 1.0)
+  grads = jax.tree.map(lambda g: g / denom, grads)
+  updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+
+  grad_norm = _global_norm(grads)
+  loss = sums["loss_sum"] / denom
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  metrics = {
+    "loss": loss,
+    "normalized_loss": loss - offset,  # 0 for a model matching the smoothed targets
+    "accuracy": sums["correct_sum"] / denom,
+    "perplexity": jnp.exp(sums["nll_sum"] / denom),
+    "tokens": sums["weight_sum"],
+    "grad_norm": grad_norm,
+    "param_norm": _global_norm(state.params),
+    "update_norm": _global_norm(updates),
+    "learning_rate": cfg.schedule(state.step) if cfg.schedule is not None else jnp.nan,
+  }
+  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  # A NaN/Inf update is never applied: the old weights and optimizer state are kept and the
+  # event is recorded. The loop stops on it, or with skip_nonfinite moves on and counts it.
+  new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+  bad = (~finite).astype(jnp.int32)
+  first = jnp.where(
+    (state.first_nonfinite_step < 0) & ~finite, state.step + 1, state.first_nonfinite_step
+  )
+  new_state = new_state.replace(
+    step=state.step + 1, nonfinite_count=state.nonfinite_count + bad, first_nonfinite_step=first
+  )
+  return new_state, metrics
+
+
+def eval_step(params: Any, batch: Batch, *, cfg: StepConfig) -> dict[str, jax.Array]:
+  """Summed metrics of one evaluation batch (weights 0 on padded rows/tokens)."""
+  _, (sums, _) = _sums(cfg, params, batch, None, True)
+  if cfg.axis_name is not None:
+    sums = lax.psum(sums, cfg.axis_name)
+  return sums
+
+
+def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
+  """Means from the summed evaluation metrics."""
+  import math
+
+  w = max(sums["weight_sum"], 1.0)
+  nll = sums["nll_sum"] / w
+  return {
+    "loss": sums["loss_sum"] / w,
+    "accuracy": sums["correct_sum"] / w,
+    "perplexity": math.exp(min(nll, 700.0)),
+    "nll": nll,
+    "tokens": sums["weight_sum"],
+  }
