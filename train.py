@@ -7,7 +7,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer import train_lib
-from transformer.cli import run_reporting_errors
+from transformer.cli import parse_flags, run_reporting_errors
 from transformer.distributed import maybe_initialize
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -27,4 +27,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -81,7 +81,7 @@ def make_random_params(
   """Random params shaped like `module.init(key, *args, **kwargs)['params']`."""
   shapes = jax.eval_shape(
     lambda: module.init(jax.random.key(0), *args, method=method, **kwargs)
-  )["params"]
+  ).get("params", {})
   return randomize(shapes, seed)
 
 

@@ -429,7 +429,10 @@ def encoder_decoder(p: Params, inputs, targets, config) -> np.ndarray:
   x = _add_positions(_embed(table, inputs, config), p.get("encoder_embedder"), src_pos, config)
   enc_mask = reference_mask(si, si, False, None, src_seg, src_seg)
   encoded = stack(p["encoder"], x, config, config.num_layers, enc_mask, src_pos, False)
+  # Shifted right with 0 as the start token; a new segment also starts from 0 (T5 packing).
+  prev_seg = np.concatenate([np.zeros_like(tgt_seg[:, :1]), tgt_seg[:, :-1]], axis=1)
   dec_in = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+  dec_in = np.where(tgt_seg == prev_seg, dec_in, 0)
   y = _add_positions(_embed(table, dec_in, config), p.get("decoder_embedder"), tgt_pos, config)
   self_mask = reference_mask(ti, ti, True, config.sliding_window, tgt_seg, tgt_seg)
   cross_mask = reference_mask(ti, si, False, None, tgt_seg, src_seg)

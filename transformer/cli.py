@@ -22,3 +22,17 @@ def run_reporting_errors(fn, *args) -> None:
     logging.flush()
     print(f"error: {e}", file=sys.stderr)
     sys.exit(1)
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl flag parsing whose errors (bad --config.x overrides included) are one line."""
+  try:
+    return flags.FLAGS(argv)
+  except flags.Error as e:
+    print(f"error: {e}", file=sys.stderr)
+  except (AttributeError, KeyError) as e:  # ml_collections: an override of no field
+    bad = [a for a in argv[1:] if str(e).strip("'\"") in a]
+    print(f"error: no such config field {str(e).strip(chr(34)+chr(39))!r} in {' '.join(bad) or argv[1:]}", file=sys.stderr)
+  except (TypeError, ValueError) as e:  # ml_collections: a value of the wrong type
+    print(f"error: invalid config override: {e}", file=sys.stderr)
+  sys.exit(1)

@@ -8,6 +8,7 @@ Rerunning the same command continues an interrupted run exactly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -170,8 +171,25 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     return _train(config, exp, loop, workdir)
 
 
-def _train(config, exp: experiment.Experiment, loop: dict, workdir: str) -> dict[str, float]:
-  is_primary = jax.process_index() == 0
+@dataclasses.dataclass
+class Setup:
+  """Everything built from a config before the first step."""
+
+  exp: experiment.Experiment
+  info: DataInfo
+  train_iter: Any
+  eval_factory: Any
+  model_cfg: ModelConfig
+  model: Any
+  tx: Any
+  runner: StepRunner
+  state: TrainState  # freshly initialised (not yet restored)
+
+
+def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
+  """Data, model, optimizer, compiled steps and an initial state for `config`."""
+  exp = experiment.validate(config) if exp is None else exp
+  loop = exp.loop
   train_iter, eval_factory, info = make_datasets(
     exp.data, workdir, loop["batch_size"], loop["seq_len"], loop["seed"]
   )
@@ -179,25 +197,28 @@ def _train(config, exp: experiment.Experiment, loop: dict, workdir: str) -> dict
   longest = max(info.seq_len, info.target_seq_len)
   if model_cfg.family != "vit" and longest > model_cfg.max_len:
     raise ValueError(f"config.seq_len={longest} exceeds config.model.max_len={model_cfg.max_len}")
-  _check_model_matches(workdir, model_cfg)
   model = build_model(model_cfg)
   kind = exp.data.kind
-
   schedule = schedules.create_schedule(**exp.schedule)
   params = init_params(model, kind, info, loop["seed"])
   tx = create_optimizer(exp.optimizer, schedule, params)
   step_cfg = StepConfig(
     model=model, tx=tx, kind=kind, label_smoothing=loop["label_smoothing"], z_loss=loop["z_loss"],
-    grad_accum_steps=loop["grad_accum_steps"], skip_nonfinite=loop["skip_nonfinite"],
-    schedule=schedule,
+    grad_accum_steps=loop["grad_accum_steps"], schedule=schedule,
   )  # fmt: skip
   runner = StepRunner(step_cfg, loop["parallelism"])
-  runner.check_batch_size(
-    info.batch_size // loop["grad_accum_steps"], "batch_size / grad_accum_steps"
-  )
+  runner.check_batch_size(info.batch_size // loop["grad_accum_steps"], "batch_size / grad_accum_steps")
   runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
-
   state = create_train_state(params, tx, jax.random.PRNGKey(loop["seed"] + 1))
+  return Setup(exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state)
+
+
+def _train(config, exp: experiment.Experiment, loop: dict, workdir: str) -> dict[str, float]:
+  is_primary = jax.process_index() == 0
+  s = build(config, workdir, exp)
+  _check_model_matches(workdir, s.model_cfg)
+  runner, state, train_iter, eval_factory, info = s.runner, s.state, s.train_iter, s.eval_factory, s.info
+  model, tx, model_cfg, kind = s.model, s.tx, s.model_cfg, exp.data.kind
   ckpt = checkpoints.CheckpointManager(
     os.path.join(workdir, "checkpoints"), max_to_keep=loop["keep_checkpoints"],
     best_metric=f"eval_{loop['best_metric']}" if loop["best_metric"] else None,

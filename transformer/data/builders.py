@@ -212,8 +212,12 @@ def _read_rows(cfg: TableConfig, columns: Sequence[str]) -> list[tuple[int, dict
   if empty:
     logging.warning(
       "%s: skipped %d row(s) with an empty %s field (lines %s%s)",
-      cfg.path, len(empty), "/".join(columns), empty[:10], " ..." if len(empty) > 10 else "",
-    )  # fmt: skip
+      cfg.path,
+      len(empty),
+      "/".join(columns),
+      empty[:10],
+      " ..." if len(empty) > 10 else "",
+    )
   if not rows:
     raise ValueError(f"{cfg.path}: no data rows with non-empty {list(columns)}")
   return rows
@@ -318,9 +322,12 @@ def text_corpus(
   """Prepares a text file / folder as a `local_text_corpus` dataset (see module doc)."""
   paths = files.text_files(path)
   cfg = TextCorpusConfig(
-    name="pending", path=str(path), validation_fraction=validation_fraction,
-    test_fraction=test_fraction, chunk_chars=chunk_chars,
-  )  # fmt: skip
+    name="pending",
+    path=str(path),
+    validation_fraction=validation_fraction,
+    test_fraction=test_fraction,
+    chunk_chars=chunk_chars,
+  )
   cfg.name = config_name(path, files.fingerprint(paths, settings(cfg)), name)
   return prepare(LocalTextCorpus, cfg, data_dir)
 
@@ -338,9 +345,13 @@ def sentence_pairs(
   """Prepares a TSV / CSV of aligned sentences as a `local_sentence_pairs` dataset."""
   p = files.existing(path)
   cfg = TableConfig(
-    name="pending", path=str(path), columns=tuple(columns), delimiter=delimiter,
-    validation_fraction=validation_fraction, test_fraction=test_fraction,
-  )  # fmt: skip
+    name="pending",
+    path=str(path),
+    columns=tuple(columns),
+    delimiter=delimiter,
+    validation_fraction=validation_fraction,
+    test_fraction=test_fraction,
+  )
   cfg.name = config_name(path, files.fingerprint([p], settings(cfg)), name)
   return prepare(LocalSentencePairs, cfg, data_dir)
 
@@ -360,9 +371,14 @@ def labelled_text(
   """Prepares a TSV / CSV with text and label columns as a `local_labelled_text` dataset."""
   p = files.existing(path)
   cfg = TableConfig(
-    name="pending", path=str(path), text_column=text_column, label_column=label_column,
-    label_names=None if label_names is None else tuple(label_names), delimiter=delimiter,
-    validation_fraction=validation_fraction, test_fraction=test_fraction,
-  )  # fmt: skip
+    name="pending",
+    path=str(path),
+    text_column=text_column,
+    label_column=label_column,
+    label_names=None if label_names is None else tuple(label_names),
+    delimiter=delimiter,
+    validation_fraction=validation_fraction,
+    test_fraction=test_fraction,
+  )
   cfg.name = config_name(path, files.fingerprint([p], settings(cfg)), name)
   return prepare(LocalLabelledText, cfg, data_dir)

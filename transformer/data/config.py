@@ -72,7 +72,8 @@ class DataConfig:
         raise ValueError(f"DataConfig.{name} must be one of {allowed}, got {value!r}")
     if (self.kind == "image") != (self.tokenizer == "none"):
       raise ValueError(
-        f"DataConfig: tokenizer 'none' goes with kind 'image' only (kind={self.kind!r}, tokenizer={self.tokenizer!r})"
+        f"DataConfig: tokenizer 'none' goes with kind 'image' only "
+        f"(kind={self.kind!r}, tokenizer={self.tokenizer!r})"
       )
     if self.kind == "image" and self.source not in ("idx", "image_folder", "tfds"):
       raise ValueError(
@@ -142,7 +143,7 @@ PRESETS: dict[str, DataConfig] = {
     vocab_size=8000,
     source_column="en",
     target_column="es",
-  ),  # fmt: skip
+  ),
   "bible_es_en": DataConfig(
     kind="seq2seq",
     source="pairs",
@@ -151,7 +152,7 @@ PRESETS: dict[str, DataConfig] = {
     vocab_size=8000,
     source_column="es",
     target_column="en",
-  ),  # fmt: skip
+  ),
   "bible_testament": DataConfig(
     kind="classification",
     source="labelled",
@@ -161,7 +162,7 @@ PRESETS: dict[str, DataConfig] = {
     text_column="en",
     label_column="testament",
     label_names=("OT", "NT"),
-  ),  # fmt: skip
+  ),
   "bible_mlm": DataConfig(
     kind="mlm",
     source="labelled",
@@ -171,7 +172,7 @@ PRESETS: dict[str, DataConfig] = {
     text_column="en",
     label_column="testament",
     label_names=("OT", "NT"),
-  ),  # fmt: skip
+  ),
   "fashion_mnist": DataConfig(
     kind="image",
     source="idx",
@@ -183,5 +184,5 @@ PRESETS: dict[str, DataConfig] = {
     image_std=(0.3530,),
     validation_fraction=0.0,
     test_fraction=0.0,
-  ),  # fmt: skip
+  ),
 }

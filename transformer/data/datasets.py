@@ -9,21 +9,21 @@ here, in the calling process, before any worker starts.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import dataclasses
 import logging
 import os
-import re
-from collections import Counter
+import weakref
 from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import grain
 import numpy as np
 
-from transformer.data import builders, features, image_builders, images, packing, pipeline
+from transformer.data import features, images, packing, pipeline, sources
 from transformer.data.config import DataConfig
-from transformer.data.tokenizers import CharTokenizer, Tokenizer, get_tokenizer
+from transformer.data.tokenizers import Tokenizer
 
 _IMAGE_STAT_EXAMPLES = 10_000
 _PACKING_PROBE_BATCHES = 8
@@ -72,158 +72,11 @@ class DataInfo:
 
 
 @dataclasses.dataclass
-class _Splits:
-  train: Sequence
-  eval: Sequence
-  name: str  # names the data in errors: a local path, or the TFDS name
-  key: str  # identifies the data for caching tokenizers
-  label_names: tuple[str, ...] = ()
-  image_shape: tuple[int, ...] | None = None
-  text_keys: tuple[str, ...] = ("text",)
-
-
-def _open(cfg: DataConfig) -> _Splits:
-  """Prepares (local builders) or opens (TFDS names) the two splits as data sources."""
-  path, d = cfg.resolved_path(), cfg.data_dir
-  if cfg.source == "tfds":
-    return _open_tfds(cfg)
-  if cfg.source == "text":
-    b = builders.text_corpus(
-      path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction
-    )
-  elif cfg.source == "pairs":
-    b = builders.sentence_pairs(path, [cfg.source_column, cfg.target_column], d,
-                                validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)  # fmt: skip
-  elif cfg.source == "labelled":
-    b = builders.labelled_text(path, cfg.text_column, cfg.label_column, d, label_names=cfg.label_names,
-                               validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction)  # fmt: skip
-  elif cfg.source == "idx":
-    b = image_builders.idx_images(
-      path, d, label_names=cfg.label_names, validation_fraction=cfg.validation_fraction
-    )
-  else:
-    b = image_builders.image_folder(
-      path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction
-    )
-  feats = b.info.features
-  splits = _Splits(
-    train=_split(b, cfg.train_split, str(path)),
-    eval=_split(b, cfg.eval_split, str(path)),
-    name=str(path),
-    key=f"{b.name}-{b.builder_config.name}",
-    label_names=tuple(feats["label"].names) if "label" in feats else (),
-    image_shape=tuple(feats["image"].shape) if "image" in feats else None,
-  )
-  if cfg.source == "pairs":
-    splits.text_keys = (cfg.source_column, cfg.target_column)
-  return splits
-
-
-def _split(builder: Any, split: str, name: str) -> Sequence:
-  available = list(builder.info.splits)
-  if split.split("[")[0] not in available:
-    raise ValueError(f"{name}: no split {split!r}; prepared splits: {available}")
-  return builder.as_data_source(split=split)
-
-
-def _open_tfds(cfg: DataConfig) -> _Splits:
-  import tensorflow_datasets as tfds
-
-  try:
-    builder = tfds.builder(cfg.path, data_dir=cfg.data_dir)
-    train, eval_ = (tfds.data_source(cfg.path, split=s, data_dir=cfg.data_dir, download=False)
-                    for s in (cfg.train_split, cfg.eval_split))  # fmt: skip
-  except Exception as e:  # TFDS raises several types for "not prepared here".
-    raise FileNotFoundError(
-      f"TFDS dataset {cfg.path!r} is not prepared in {cfg.data_dir or 'the TFDS default data dir'} "
-      f"as array_record ({type(e).__name__}: {e}). Prepare it first; see docs/DATA.md."
-    ) from e
-  feats = builder.info.features
-  label = feats[cfg.label_column] if cfg.label_column in feats else None
-  text_keys = (
-    (cfg.source_column, cfg.target_column) if cfg.kind == "seq2seq" else (cfg.text_column,)
-  )
-  return _Splits(
-    train=train, eval=eval_, name=cfg.path, key=cfg.path,
-    label_names=tuple(getattr(label, "names", None) or ()),
-    image_shape=tuple(feats["image"].shape) if cfg.kind == "image" else None,
-    text_keys=text_keys,
-  )  # fmt: skip
-
-
-def _spaced(source: Sequence, limit: int) -> Iterator[int]:
-  """Up to `limit` evenly spaced record indices, in order."""
-  n = len(source)
-  return iter(range(0, n, max(1, -(-n // limit)))) if n else iter(())
-
-
-def _tokenizer(cfg: DataConfig, splits: _Splits, workdir: str | os.PathLike) -> Tokenizer:
-  def texts() -> Iterator[str]:
-    for i in _spaced(splits.train, cfg.tokenizer_train_examples):
-      record = splits.train[i]
-      for key in splits.text_keys:
-        yield features.text_of(record, key)
-
-  cache = Path(workdir) / "tokenizers" / re.sub(r"[^\w.+-]", "_", splits.key)
-  return get_tokenizer(cfg.tokenizer, cache, texts, cfg.vocab_size, cfg.spm_model_type)
-
-
-def _scan(
-  cfg: DataConfig, splits: _Splits, tok: Tokenizer, seq_len: int, target_len: int
-) -> dict[str, Any]:
-  """Counts overlong examples in a sample of each split (raises under 'error')."""
-  extra = {"lm": 2, "mlm": 2, "classification": 1}  # BOS+EOS, CLS+SEP, CLS
-  limits = {"lm": seq_len + 1, "mlm": seq_len, "classification": seq_len}
-  stats: dict[str, Any] = {}
-  for split, source in (("train", splits.train), ("eval", splits.eval)):
-    over, seen = 0, 0
-    for i in _spaced(source, cfg.scan_examples):
-      record = source[i]
-      if cfg.kind == "seq2seq":
-        sizes = [(len(tok.encode_array(features.text_of(record, k))) + 1, n)
-                 for k, n in ((cfg.source_column, seq_len), (cfg.target_column, target_len))]  # fmt: skip
-      else:
-        sizes = [
-          (
-            len(tok.encode_array(features.text_of(record, splits.text_keys[0]))) + extra[cfg.kind],
-            limits[cfg.kind],
-          )
-        ]
-      seen += 1
-      if any(n > limit for n, limit in sizes):
-        over += 1
-        if cfg.overlong == "error":
-          raise ValueError(
-            f"{features.where(splits.name, i, record)}: example of {sizes} tokens (length, limit) is too long"
-          )
-    stats[f"{split}_overlong"] = (over, seen)
-    if over:
-      logging.warning(
-        "%s [%s]: %d of %d sampled examples exceed the row length (%s)",
-        splits.name,
-        split,
-        over,
-        seen,
-        cfg.overlong,
-      )
-  if isinstance(tok, CharTokenizer):
-    unknown: Counter[str] = Counter()
-    for i in _spaced(splits.eval, cfg.scan_examples):
-      unknown += tok.unknown_chars(features.text_of(splits.eval[i], splits.text_keys[0]))
-    stats["eval_unknown_chars"] = dict(unknown)
-    if unknown:
-      logging.warning(
-        "%s: characters outside the vocabulary map to UNK: %s", splits.name, dict(unknown)
-      )
-  return stats
-
-
-@dataclasses.dataclass
 class _Context:
   """What the per-family dataset constructors share."""
 
   cfg: DataConfig
-  splits: _Splits
+  splits: sources.Splits
   tok: Tokenizer | None
   seq_len: int
   target_len: int
@@ -258,40 +111,72 @@ class _Context:
 
 def _lm(c: _Context, train: bool, b: int) -> grain.IterDataset:
   return pipeline.lm_dataset(
-    c.source(train), c.tok, batch_size=b, train=train, windows=c.cfg.uses_windows,
-    packed=c.cfg.packing, text_key=c.text_key, **c.text_common(),
-  )  # fmt: skip
+    c.source(train),
+    c.tok,
+    batch_size=b,
+    train=train,
+    windows=c.cfg.uses_windows,
+    packed=c.cfg.packing,
+    text_key=c.text_key,
+    **c.text_common(),
+  )
 
 
 def _mlm(c: _Context, train: bool, b: int) -> grain.IterDataset:
   return pipeline.mlm_dataset(
-    c.source(train), c.tok, batch_size=b, train=train, windows=c.cfg.uses_windows,
-    packed=c.cfg.packing, text_key=c.text_key, mask_rate=c.cfg.mask_rate,
-    whole_word=c.cfg.whole_word_masking, **c.text_common(),
-  )  # fmt: skip
+    c.source(train),
+    c.tok,
+    batch_size=b,
+    train=train,
+    windows=c.cfg.uses_windows,
+    packed=c.cfg.packing,
+    text_key=c.text_key,
+    mask_rate=c.cfg.mask_rate,
+    whole_word=c.cfg.whole_word_masking,
+    **c.text_common(),
+  )
 
 
 def _classification(c: _Context, train: bool, b: int) -> grain.IterDataset:
   return pipeline.classification_dataset(
-    c.source(train), c.tok, batch_size=b, train=train, text_key=c.text_key,
-    label_key=c.label_key, **c.text_common(),
-  )  # fmt: skip
+    c.source(train),
+    c.tok,
+    batch_size=b,
+    train=train,
+    text_key=c.text_key,
+    label_key=c.label_key,
+    **c.text_common(),
+  )
 
 
 def _seq2seq(c: _Context, train: bool, b: int) -> grain.IterDataset:
   return pipeline.seq2seq_dataset(
-    c.source(train), c.tok, inputs_len=c.seq_len, targets_len=c.target_len, batch_size=b,
-    train=train, packed=c.cfg.packing, source_key=c.cfg.source_column,
-    target_key=c.cfg.target_column, source_name=c.splits.name, **c.common(),
-  )  # fmt: skip
+    c.source(train),
+    c.tok,
+    inputs_len=c.seq_len,
+    targets_len=c.target_len,
+    batch_size=b,
+    train=train,
+    packed=c.cfg.packing,
+    source_key=c.cfg.source_column,
+    target_key=c.cfg.target_column,
+    source_name=c.splits.name,
+    **c.common(),
+  )
 
 
 def _image(c: _Context, train: bool, b: int) -> grain.IterDataset:
   return pipeline.image_dataset(
-    c.source(train), batch_size=b, train=train, mean=c.image_mean, std=c.image_std,
-    crop_padding=c.cfg.crop_padding, flip=c.cfg.horizontal_flip, label_key=c.label_key,
+    c.source(train),
+    batch_size=b,
+    train=train,
+    mean=c.image_mean,
+    std=c.image_std,
+    crop_padding=c.cfg.crop_padding,
+    flip=c.cfg.horizontal_flip,
+    label_key=c.label_key,
     **c.common(),
-  )  # fmt: skip
+  )
 
 
 _FAMILIES = {
@@ -330,23 +215,27 @@ def make_datasets(
   """
   cfg = DataConfig.from_mapping(data_config)
   loader = pipeline.Loader(
-    process_index=process_index, process_count=process_count, num_epochs=cfg.num_epochs,
-    num_workers=cfg.num_workers, worker_buffer=cfg.prefetch, overlong=cfg.overlong,
-  )  # fmt: skip
+    process_index=process_index,
+    process_count=process_count,
+    num_epochs=cfg.num_epochs,
+    num_workers=cfg.num_workers,
+    worker_buffer=cfg.prefetch,
+    overlong=cfg.overlong,
+  )
   _, count = loader.host()
   eval_batch = cfg.eval_batch_size or batch_size
   for name, b in (("batch_size", batch_size), ("eval_batch_size", eval_batch)):
     if b % count:
       raise ValueError(f"{name} {b} is not divisible by process_count {count}")
   per_host, eval_per_host = batch_size // count, eval_batch // count
-  splits = _open(cfg)
+  splits = sources.open_splits(cfg)
   c = _Context(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
   windows = cfg.uses_windows and cfg.kind in ("lm", "mlm")
   if cfg.kind == "image":
     c.image_mean, c.image_std, stats = _image_stats(cfg, splits)
   else:
-    c.tok = _tokenizer(cfg, splits, workdir)
-    stats = {} if windows else _scan(cfg, splits, c.tok, seq_len, c.target_len)
+    c.tok = sources.tokenizer_for(cfg, splits, workdir)
+    stats = {} if windows else sources.scan(cfg, splits, c.tok, seq_len, c.target_len)
   if windows:
     c.streams = {
       s: pipeline.token_stream(src, c.tok, c.text_key)
@@ -367,28 +256,59 @@ def make_datasets(
     span = seq_len if cfg.kind == "lm" else seq_len - 2
     n_train, n_eval = n_train - span, len(range(0, n_eval - 1, span))
   info = DataInfo(
-    config=cfg, tokenizer=c.tok, vocab_size=c.tok.vocab_size if c.tok else 0,
+    config=cfg,
+    tokenizer=c.tok,
+    vocab_size=c.tok.vocab_size if c.tok else 0,
     num_classes=len(splits.label_names) if cfg.kind in ("classification", "image") else 0,
-    label_names=splits.label_names, image_shape=splits.image_shape, batch_size=per_host,
-    eval_batch_size=eval_per_host, seq_len=seq_len, target_seq_len=c.target_len,
-    train_examples=n_train, eval_examples=n_eval,
-    eval_batches=-(-(-(-n_eval // count)) // eval_per_host), stats=stats,
-  )  # fmt: skip
+    label_names=splits.label_names,
+    image_shape=splits.image_shape,
+    batch_size=per_host,
+    eval_batch_size=eval_per_host,
+    seq_len=seq_len,
+    target_seq_len=c.target_len,
+    train_examples=n_train,
+    eval_examples=n_eval,
+    eval_batches=pipeline.ceil_div(pipeline.ceil_div(n_eval, count), eval_per_host),
+    stats=stats,
+  )
   logging.info(
     "data: %s",
     {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "tokenizer")},
   )
-  return iter(train_ds), lambda: iter(eval_ds), info
+  return _closed_at_exit(iter(train_ds)), lambda: _closed_at_exit(iter(eval_ds)), info
+
+
+_LIVE_ITERATORS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _closed_at_exit(it: grain.DatasetIterator) -> grain.DatasetIterator:
+  """Registers `it` to be closed before interpreter teardown (prefetch threads / workers)."""
+  _LIVE_ITERATORS.add(it)
+  return it
+
+
+def _already_closed() -> None:
+  pass
+
+
+@atexit.register
+def _close_live_iterators() -> None:
+  # Stop prefetch threads / worker processes while modules are intact. grain's
+  # `__del__` closes again during interpreter teardown, when its module globals are
+  # already None, and prints "Exception ignored ..."; the instance-level no-op spares that.
+  for it in list(_LIVE_ITERATORS):
+    with contextlib.suppress(Exception):
+      it.close()
+      it.close = _already_closed
 
 
 def _image_stats(
-  cfg: DataConfig, splits: _Splits
+  cfg: DataConfig, splits: sources.Splits
 ) -> tuple[tuple[float, ...], tuple[float, ...], dict]:
   if cfg.image_mean is not None and cfg.image_std is not None:
     return cfg.image_mean, cfg.image_std, {}
-  sample = (
-    np.asarray(splits.train[i]["image"]) for i in _spaced(splits.train, _IMAGE_STAT_EXAMPLES)
-  )
+  indices = sources.spaced(splits.train, _IMAGE_STAT_EXAMPLES)
+  sample = (np.asarray(r["image"]) for _, r in features.read_records(splits.train, indices))
   mean, std = images.channel_stats(im if im.ndim == 3 else im[..., None] for im in sample)
   mean, std = cfg.image_mean or mean, cfg.image_std or std
   return mean, std, {"image_mean": mean, "image_std": std}

@@ -12,7 +12,8 @@ H, W, C image height, width, channels.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,17 @@ Record = Mapping[str, Any]
 def text_of(record: Record, key: str) -> str:
   value = record[key]
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def read_records(
+  source: Sequence, indices: Iterable[int], chunk: int = 1024
+) -> Iterator[tuple[int, Record]]:
+  """`(index, record)` for `indices`, read in bulk (`__getitems__`) where the source can."""
+  bulk = getattr(source, "__getitems__", None)
+  indices = iter(indices)
+  while block := list(itertools.islice(indices, chunk)):
+    records = bulk(block) if bulk else [source[i] for i in block]
+    yield from zip(block, records, strict=True)
 
 
 def where(source_name: str, index: int, record: Record) -> str:

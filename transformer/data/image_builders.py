@@ -34,9 +34,17 @@ MNIST_FILES = (  # train images, train labels, test images, test labels
   "t10k-labels-idx1-ubyte.gz",
 )
 FASHION_MNIST_LABELS = (  # Xiao et al. 2017, Table 1 (label order)
-  "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
-  "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
-)  # fmt: skip
+  "T-shirt/top",
+  "Trouser",
+  "Pullover",
+  "Dress",
+  "Coat",
+  "Sandal",
+  "Shirt",
+  "Sneaker",
+  "Bag",
+  "Ankle boot",
+)
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
@@ -102,7 +110,8 @@ class LocalIdxImages(builders.LocalBuilder):
       images = images.reshape(*images.shape[:3], -1)  # [N, H, W, C]
       if images.dtype != np.uint8 or images.shape[1:] != self.image_shape:
         raise ValueError(
-          f"{img_path}: expected uint8 images of shape {self.image_shape}, got {images.dtype} {images.shape[1:]}"
+          f"{img_path}: expected uint8 images of shape {self.image_shape}, "
+          f"got {images.dtype} {images.shape[1:]}"
         )
       if labels.ndim != 1 or len(labels) != len(images):
         raise ValueError(
@@ -228,9 +237,12 @@ def idx_images(
   root = files.existing(path)
   paths = [files.existing(root / n) for n in file_names]
   cfg = ImageConfig(
-    name="pending", path=str(path), files=tuple(file_names), validation_fraction=validation_fraction,
+    name="pending",
+    path=str(path),
+    files=tuple(file_names),
+    validation_fraction=validation_fraction,
     label_names=None if label_names is None else tuple(label_names),
-  )  # fmt: skip
+  )
   cfg.name = builders.config_name(path, files.fingerprint(paths, builders.settings(cfg)), name)
   return builders.prepare(LocalIdxImages, cfg, data_dir)
 
@@ -252,9 +264,12 @@ def image_folder(
   root = files.existing(path)
   paths = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
   cfg = ImageConfig(
-    name="pending", path=str(path), channels=channels,
-    validation_fraction=validation_fraction, test_fraction=test_fraction,
-  )  # fmt: skip
+    name="pending",
+    path=str(path),
+    channels=channels,
+    validation_fraction=validation_fraction,
+    test_fraction=test_fraction,
+  )
   rel = [p.relative_to(root) for p in paths]
   digest = files.fingerprint(paths, builders.settings(cfg), [str(r) for r in rel], content=False)
   cfg.name = builders.config_name(path, digest, name)

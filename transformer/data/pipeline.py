@@ -40,11 +40,16 @@ BATCH_KEYS = {
   "mlm": ("inputs", "targets", "weights", "segment_ids", "positions"),
   "classification": ("inputs", "segment_ids", "positions", "label"),
   "seq2seq": (
-    "inputs", "targets", "inputs_segment_ids", "targets_segment_ids",
-    "inputs_positions", "targets_positions", "weights",
+    "inputs",
+    "targets",
+    "inputs_segment_ids",
+    "targets_segment_ids",
+    "inputs_positions",
+    "targets_positions",
+    "weights",
   ),
   "image": ("image", "label"),
-}  # fmt: skip
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,6 +76,10 @@ class Loader:
     if not 0 <= index < count:
       raise ValueError(f"process_index {index} outside [0, process_count={count})")
     return index, count
+
+
+def ceil_div(a: int, b: int) -> int:
+  return -(-a // b)
 
 
 def derive_seed(seed: int, tag: str) -> int:
@@ -137,7 +146,7 @@ def _eval_batches(
 ) -> grain.IterDataset:
   """Batches of this host's `rows` (its shard of `total`), padded to the same count on all hosts."""
   _, count = loader.host()
-  num_batches = -(-(-(-total // count)) // batch_size)  # ceil(ceil(total / count) / B)
+  num_batches = ceil_div(ceil_div(total, count), batch_size)
   if not len(rows):
     raise ValueError("evaluation split is empty")
   padded = grain.MapDataset.range(num_batches * batch_size).map(_PaddedRows(rows, rows[0]))
@@ -153,7 +162,8 @@ def token_stream(
   """
   if isinstance(source, np.ndarray):
     return source.astype(np.int32, copy=False)
-  text = "".join(features.text_of(source[i], text_key) for i in range(len(source)))
+  records = features.read_records(source, range(len(source)))
+  text = "".join(features.text_of(record, text_key) for _, record in records)
   return tokenizer.encode_array(text)
 
 

@@ -207,14 +207,28 @@ class SentencePieceTokenizer(Tokenizer):
     lines = (line for t in texts for line in t.split("\n") if line.strip())
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-      sentence_iterator=lines, model_writer=model, vocab_size=vocab_size, model_type=model_type,
-      pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, unk_id=UNK_ID,
-      user_defined_symbols=[*SPECIAL_TOKENS[MASK_ID:], "\n"], character_coverage=1.0,
+      sentence_iterator=lines,
+      model_writer=model,
+      vocab_size=vocab_size,
+      model_type=model_type,
+      pad_id=PAD_ID,
+      bos_id=BOS_ID,
+      eos_id=EOS_ID,
+      unk_id=UNK_ID,
+      user_defined_symbols=[*SPECIAL_TOKENS[MASK_ID:], "\n"],
+      character_coverage=1.0,
       byte_fallback=vocab_size >= 1024 if byte_fallback is None else byte_fallback,
-      normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
-      hard_vocab_limit=False, num_threads=num_threads, minloglevel=2,
-    )  # fmt: skip
-    return cls(model.getvalue())
+      normalization_rule_name="identity",
+      remove_extra_whitespaces=False,
+      add_dummy_prefix=False,
+      hard_vocab_limit=False,
+      num_threads=num_threads,
+      minloglevel=2,
+    )
+    tok = cls(model.getvalue())
+    if tok.vocab_size < vocab_size:
+      logging.warning("SentencePiece: the text supports %d pieces, not %d", tok.vocab_size, vocab_size)
+    return tok
 
   @property
   def vocab_size(self) -> int:

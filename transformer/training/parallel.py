@@ -70,7 +70,14 @@ class StepRunner:
     """Host or single-device state -> the layout the compiled step expects."""
     if self.parallelism == "jit":
       return jax.device_put(state, self.replicated)
-    return jax.device_put_replicated(state, jax.local_devices())
+    devices = jax.local_devices()
+    stacked = NamedSharding(Mesh(np.asarray(devices), (PMAP_AXIS,)), PartitionSpec(PMAP_AXIS))
+
+    def replicate(x):
+      x = jax.device_get(x)
+      return jax.device_put(np.broadcast_to(x[None], (len(devices), *np.shape(x))), stacked)
+
+    return jax.tree.map(replicate, state)
 
   def host_state(self, state: TrainState) -> TrainState:
     """The state as one global tree (for checkpoints and evaluation)."""

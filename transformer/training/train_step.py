@@ -49,7 +49,6 @@ class StepConfig:
   label_smoothing: float = 0.0
   z_loss: float = 0.0
   grad_accum_steps: int = 1
-  skip_nonfinite: bool = False
   axis_name: str | None = None  # set for pmap
   schedule: Any = None  # count -> learning rate, for logging
 
@@ -82,7 +81,7 @@ def _sums(cfg: StepConfig, params, batch: Batch, rng, deterministic: bool):
 
 
 def _global_norm(tree) -> jax.Array:
-  return optax.global_norm(tree)
+  return optax.tree.norm(tree)
 
 
 def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[TrainState, dict]:

@@ -1,0 +1,47 @@
+"""The Transformer base / big (Vaswani et al. 2017) on WMT14 English-German.
+
+  python train.py --config configs/transformer_wmt.py:base --workdir runs/wmt_base
+
+Data: the TFDS dataset wmt14_translate/de-en (prepare with `tfds build
+wmt14_translate/de-en`, which needs TensorFlow; see docs/DATA.md), a shared 37,000-piece
+SentencePiece vocabulary for both languages (the paper's shared BPE size), examples packed
+into 256-token rows. Hyperparameters from the paper (5.3, 5.4): Adam betas (0.9, 0.98),
+eps 1e-9, the Noam schedule with 4,000 warmup steps, label smoothing 0.1, dropout 0.1
+(big: 0.3), post-LN, sinusoidal positions, shared embeddings. No reference result on
+this machine: the paper's base model trains 100k steps on 8 GPUs.
+"""
+
+from transformer.config import NAMED_SIZES
+from transformer.experiment import default_config
+
+SIZES = ("base", "big")
+
+
+def get_config(arg="base"):
+  if arg not in SIZES:
+    raise ValueError(f"configs/transformer_wmt.py: size must be one of {SIZES}, got {arg!r}")
+  config = default_config()
+  config.model.update(NAMED_SIZES[f"transformer_{arg}"])  # Vaswani et al. 2017, Table 3
+  config.model.vocab_size = 0  # from the shared SentencePiece vocabulary
+  config.data.kind = "seq2seq"  # source -> target pairs
+  config.data.source = "tfds"  # a prepared TFDS dataset
+  config.data.path = "wmt14_translate/de-en"  # WMT14 English-German
+  config.data.source_column = "en"  # translate English ...
+  config.data.target_column = "de"  # ... into German
+  config.data.tokenizer = "sentencepiece"  # one vocabulary for both languages
+  config.data.vocab_size = 37000  # the paper's shared vocabulary size
+  config.data.packing = True  # pack sentence pairs into full rows
+  config.optimizer.b1 = 0.9  # Adam beta1 (paper 5.3)
+  config.optimizer.b2 = 0.98  # Adam beta2 (paper 5.3)
+  config.optimizer.eps = 1e-9  # Adam epsilon (paper 5.3)
+  config.schedule.kind = "noam"  # d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+  config.schedule.warmup_steps = 4000  # paper 5.3
+  config.schedule.scale = 1.0  # the paper's multiplier
+  config.label_smoothing = 0.1  # paper 5.4
+  config.num_train_steps = 100_000 if arg == "base" else 300_000  # paper 5.2
+  config.batch_size = 128  # rows of 256 tokens (~25k source + target tokens per batch)
+  config.seq_len = 256  # source and target row length
+  config.eval_every = 5000  # validation interval
+  config.eval_batches = 50  # validation batches
+  config.checkpoint_every = 5000  # checkpoint interval
+  return config

@@ -1,0 +1,386 @@
+"""Decoding on the KV cache against full forward passes, exhaustive search and NumPy.
+
+Tiny random float32 models, dropout 0. The references never use the cache: one
+teacher-forced forward pass over prompt + generated tokens gives, at each position t,
+the logits of the prefix [:t + 1] (the model is causal), so it checks every step.
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import make_random_params, make_tiny_config
+
+from transformer import decoding
+from transformer.models import DecoderLM, EncoderDecoder
+
+PROMPTS = [[5, 7, 9], [11, 3, 4, 8, 10, 12]]  # two lengths in one batch: P = 6
+NEW = 10  # P + NEW = 16 = max_len of the tiny configs
+
+
+@functools.cache
+def _lm(position: str):
+  # RoPE: untied head; learned: tied embeddings and nn.scan over layers (cache axis 1).
+  overrides = {"rope": dict(tie_embeddings=False), "learned": dict(scan_layers=True)}
+  model = DecoderLM(make_tiny_config("decoder", position=position, **overrides[position]))
+  return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32))
+
+
+@functools.cache
+def _s2s(vocab_size: int = 40):
+  config = make_tiny_config(
+    "seq2seq", vocab_size=vocab_size, position="relative_t5", norm="rmsnorm", tie_embeddings=False
+  )
+  model = EncoderDecoder(config)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  return model, make_random_params(model, tokens, tokens, seed=1)
+
+
+@functools.cache
+def _tiny_vocab_lm():
+  model = DecoderLM(make_tiny_config("decoder", vocab_size=6, max_len=8, position="rope"))
+  return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32), seed=2)
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _lm_logprobs(model, params, tokens, segments):
+  """No cache: tokens [N, T] (real tokens from column 0, then segment 0) -> [N, T, V]."""
+  return jax.nn.log_softmax(model.apply({"params": params}, tokens, None, segments))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _s2s_logprobs(model, params, inputs, targets):
+  """No cache: teacher forcing, every target token real (PAD included) -> [B, T, V]."""
+  logits = model.apply({"params": params}, inputs, targets, None, jnp.ones_like(targets))
+  return jax.nn.log_softmax(logits)
+
+
+def _lm_reference(model, params, prompts, generated, width=16):
+  """Per row and generated token: the full-forward argmax [B, L] and log-prob [B, L]."""
+  tokens = np.zeros((len(prompts), width), np.int32)
+  segments = np.zeros_like(tokens)
+  for i, (prompt, new) in enumerate(zip(prompts, generated, strict=True)):
+    row = list(prompt) + list(new)
+    tokens[i, : len(row)], segments[i, : len(row)] = row, 1
+  logprobs = np.asarray(_lm_logprobs(model, params, tokens, segments))
+  argmax, chosen = [], []
+  for i, (prompt, new) in enumerate(zip(prompts, generated, strict=True)):
+    at = len(prompt) - 1 + np.arange(len(new))  # positions that predict the new tokens
+    argmax.append(logprobs[i, at].argmax(-1))
+    chosen.append(logprobs[i, at, np.asarray(new)])
+  return np.stack(argmax), np.stack(chosen)
+
+
+def _first_new_token(row: np.ndarray) -> tuple[int, int]:
+  """(step, token) of the first token after step 0 that the row has not emitted before."""
+  for j in range(1, len(row)):
+    if row[j] not in row[:j]:
+      return j, int(row[j])
+  raise AssertionError(f"row {row} repeats one token; pick another seed")
+
+
+def _cut_at(tokens: np.ndarray, eos: int) -> np.ndarray:
+  out = tokens.copy()
+  for row in out:
+    hits = np.flatnonzero(row == eos)
+    if hits.size:
+      row[hits[0] + 1 :] = decoding.PAD_ID
+  return out
+
+
+# ----------------------------------------------------------------------------------------
+# Greedy with the cache == full forward.
+
+
+@pytest.mark.parametrize("position", ["rope", "learned"])
+def test_lm_greedy_with_cache_matches_full_forward_at_every_step(position):
+  model, params = _lm(position)
+  out = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None)
+  tokens = np.asarray(out.tokens)
+  argmax, logprobs = _lm_reference(model, params, PROMPTS, tokens)
+  np.testing.assert_array_equal(tokens, argmax)
+  np.testing.assert_allclose(out.scores, logprobs.sum(-1), rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(out.lengths, [NEW, NEW])
+  assert len(set(tokens.ravel().tolist())) > 3  # a non-degenerate continuation
+
+
+def test_rows_stop_at_their_own_eos_and_emit_pad():
+  model, params = _lm("rope")
+  free = np.asarray(
+    decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None).tokens
+  )
+  step, eos = _first_new_token(free[0])
+  assert step < NEW - 1
+  out = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
+  want = _cut_at(free, eos)
+  np.testing.assert_array_equal(out.tokens, want)
+  assert out.lengths[0] == step + 1 and out.tokens[0, step] == eos
+  _, logprobs = _lm_reference(model, params, PROMPTS, free)
+  np.testing.assert_allclose(
+    out.scores, np.where(want != 0, logprobs, 0).sum(-1), rtol=1e-5, atol=1e-5
+  )
+
+
+def test_seq2seq_greedy_with_cache_matches_full_forward_at_every_step():
+  model, params = _s2s()
+  inputs = np.array([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]], np.int32)  # row 1 is padded
+  out = decoding.translate(model, params, inputs, max_len=NEW, eos_id=None)
+  logprobs = np.asarray(_s2s_logprobs(model, params, inputs, out.tokens))  # [B, L, V]
+  np.testing.assert_array_equal(out.tokens, logprobs.argmax(-1))
+  chosen = np.take_along_axis(logprobs, np.asarray(out.tokens)[..., None], -1)[..., 0]
+  np.testing.assert_allclose(out.scores, chosen.sum(-1), rtol=1e-5, atol=1e-5)
+
+
+def test_extra_left_padding_and_array_prompts_change_nothing():
+  model, params = _lm("rope")
+  prompts = [[5, 7, 9], [11, 3, 4, 8, 10]]
+  tight = decoding.generate(model, params, prompts, max_new_tokens=NEW, eos_id=None)
+  padded = decoding.generate(
+    model, params, prompts, max_new_tokens=NEW, eos_id=None, prompt_len=6
+  )  # the compilation of PROMPTS (P = 6)
+  np.testing.assert_array_equal(tight.tokens, padded.tokens)
+  np.testing.assert_allclose(tight.scores, padded.scores, rtol=1e-5)
+  same_length = decoding.generate(
+    model, params, np.array([prompts[1]]), max_new_tokens=NEW, eos_id=None
+  )
+  np.testing.assert_array_equal(same_length.tokens[0], tight.tokens[1])
+
+
+def test_same_shapes_compile_once():
+  model, params = _lm("rope")
+  decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=2)
+  size = decoding.lm_decode._cache_size()
+  decoding.generate(model, params, [[1], [4, 4, 4]], max_new_tokens=NEW, eos_id=5, prompt_len=6)
+  decoding.generate(model, params, [[8, 9], [3]], max_new_tokens=NEW, eos_id=None, prompt_len=6)
+  assert decoding.lm_decode._cache_size() == size
+
+
+# ----------------------------------------------------------------------------------------
+# Beam search.
+
+
+def _penalty(length, alpha):
+  return ((5.0 + length) / 6.0) ** alpha
+
+
+def test_beam_size_one_equals_greedy():
+  model, params = _lm("rope")
+  greedy = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None)
+  beam = decoding.generate(
+    model, params, PROMPTS, max_new_tokens=NEW, eos_id=None, method="beam", beam_size=1
+  )
+  np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+  np.testing.assert_allclose(beam.scores, greedy.scores / _penalty(NEW, 0.6), rtol=1e-5)
+  # With EOS and alpha = 0 (score = log-prob): a row whose greedy path ends in EOS ends the
+  # same way with beam 1 (its live continuations can only score lower, so the search
+  # stops); for another row the finished set may hold an earlier, better EOS hypothesis
+  # than the greedy one, so the beam can only score higher.
+  _, eos = _first_new_token(np.asarray(greedy.tokens[0]))
+  greedy = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
+  beam = decoding.generate(
+    model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos, method="beam", beam_size=1, alpha=0.0
+  )
+  assert greedy.lengths[0] < NEW and greedy.lengths[1] == NEW
+  np.testing.assert_array_equal(beam.tokens[0], greedy.tokens[0])
+  np.testing.assert_allclose(beam.scores[0], greedy.scores[0], rtol=1e-5)
+  assert beam.scores[1] >= greedy.scores[1]
+
+  s2s, s2s_params = _s2s()
+  inputs = np.array([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]], np.int32)
+  greedy = decoding.translate(s2s, s2s_params, inputs, max_len=NEW, eos_id=None)
+  beam = decoding.translate(
+    s2s, s2s_params, inputs, max_len=NEW, eos_id=None, method="beam", beam_size=1
+  )
+  np.testing.assert_array_equal(beam.tokens, greedy.tokens)
+
+
+def _exhaustive_best(logprobs: np.ndarray, length: int, eos_id, alpha: float, vocab: int):
+  """All hypotheses from per-sequence log-probs [V**L, L] of every length-L continuation.
+
+  A hypothesis ends at its first EOS, or at L tokens. Returns [(score, tokens)] best first.
+  """
+  best = {}
+  for seq, lp in zip(itertools.product(range(vocab), repeat=length), logprobs, strict=True):
+    n = seq.index(eos_id) + 1 if eos_id in seq else length
+    best[seq[:n]] = lp[:n].sum() / _penalty(n, alpha)
+  return sorted(((s, t) for t, s in best.items()), reverse=True)
+
+
+def _check_beams(out, row, ranked, k=5):
+  """The best hypothesis and the top-k scores of beam search match exhaustive search."""
+  (score, seq), (second, _) = ranked[0], ranked[1]
+  assert score - second > 1e-4  # a well-posed comparison: no near tie for the best
+  want = np.zeros(out.tokens.shape[1], np.int32)
+  want[: len(seq)] = seq
+  np.testing.assert_array_equal(out.tokens[row], want)
+  np.testing.assert_allclose(out.scores[row], score, rtol=1e-5)
+  np.testing.assert_allclose(out.beam_scores[row, :k], [s for s, _ in ranked[:k]], rtol=1e-5)
+  return len(seq)
+
+
+# eos None: every hypothesis has L tokens; alpha 3 favours long ones, 0.6 short ones.
+CASES = [(None, 0.6), (2, 0.6), (2, 3.0)]
+
+
+@pytest.mark.parametrize("eos_id, alpha", CASES)
+def test_lm_beam_search_finds_the_exhaustive_optimum(eos_id, alpha):
+  model, params = _tiny_vocab_lm()
+  v, length, prompts = 6, 4, [[1, 3, 4], [5, 1, 3]]
+  out = decoding.generate(
+    model, params, prompts, max_new_tokens=length, method="beam", beam_size=v ** (length - 1),
+    alpha=alpha, eos_id=eos_id,
+  )  # fmt: skip
+  conts = np.array(list(itertools.product(range(v), repeat=length)), np.int32)  # [V^L, L]
+  lengths = []
+  for row, prompt in enumerate(prompts):
+    tokens = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], 1)  # [V^L, P + L]
+    logprobs = np.asarray(_lm_logprobs(model, params, tokens, np.ones_like(tokens)))
+    at = len(prompt) - 1 + np.arange(length)
+    chosen = np.take_along_axis(logprobs[:, at], conts[..., None], -1)[..., 0]  # [V^L, L]
+    lengths.append(_check_beams(out, row, _exhaustive_best(chosen, length, eos_id, alpha, v)))
+  if eos_id is not None and alpha < 1:
+    assert min(lengths) < length  # the EOS path is exercised
+
+
+@pytest.mark.parametrize("eos_id, alpha", CASES)
+def test_seq2seq_beam_search_finds_the_exhaustive_optimum(eos_id, alpha):
+  model, params = _s2s(vocab_size=6)
+  v, length = 6, 3
+  inputs = np.array([[3, 4, 5, 1], [5, 1, 0, 0]], np.int32)
+  out = decoding.translate(
+    model, params, inputs, max_len=length, method="beam", beam_size=v ** (length - 1),
+    alpha=alpha, eos_id=eos_id,
+  )  # fmt: skip
+  conts = np.array(list(itertools.product(range(v), repeat=length)), np.int32)  # [V^L, L]
+  lengths = []
+  for row in range(len(inputs)):
+    source = np.tile(inputs[row], (len(conts), 1))
+    logprobs = np.asarray(_s2s_logprobs(model, params, source, conts))  # [V^L, L, V]
+    chosen = np.take_along_axis(logprobs, conts[..., None], -1)[..., 0]
+    lengths.append(_check_beams(out, row, _exhaustive_best(chosen, length, eos_id, alpha, v)))
+  if eos_id is not None and alpha < 1:
+    assert min(lengths) < length
+
+
+# ----------------------------------------------------------------------------------------
+# Sampling and filters.
+
+
+def test_sampling_top_k_1_and_low_temperature_are_greedy_and_seeds_reproduce():
+  model, params = _lm("rope")
+  kwargs = dict(max_new_tokens=NEW, eos_id=None)
+  greedy = np.asarray(decoding.generate(model, params, PROMPTS, **kwargs).tokens)
+
+  def sample(seed, **options):
+    rng = jax.random.key(seed)
+    out = decoding.generate(model, params, PROMPTS, method="sample", rng=rng, **kwargs, **options)
+    return np.asarray(out.tokens)
+
+  np.testing.assert_array_equal(sample(0, top_k=1, temperature=2.0), greedy)
+  np.testing.assert_array_equal(sample(1, temperature=1e-4), greedy)
+  np.testing.assert_array_equal(sample(1, temperature=0.0), greedy)
+  first = sample(0, temperature=2.0, top_p=0.95)
+  np.testing.assert_array_equal(sample(0, temperature=2.0, top_p=0.95), first)
+  assert not np.array_equal(sample(1, temperature=2.0, top_p=0.95), first)
+  assert not np.array_equal(first, greedy)
+
+
+def _numpy_top_p(logits: np.ndarray, p: float) -> tuple[np.ndarray, float]:
+  """Float64 reference: keep the smallest most-probable set with mass >= p, plus ties.
+
+  Returns the kept mask [V] and how far p is from the nearest cumulative mass.
+  """
+  z = logits.astype(np.float64)
+  probs = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+  ordered = np.sort(probs)[::-1]
+  cumulative = np.cumsum(ordered)
+  count = int(np.argmax(cumulative >= p)) + 1 if p < 1 else len(z)
+  return probs >= ordered[count - 1], float(np.min(np.abs(cumulative - p)))
+
+
+def test_top_p_filter_matches_numpy_reference_including_ties():
+  rng = np.random.default_rng(0)
+  real = 2.0 * rng.standard_normal((200, 12))
+  tied = rng.integers(0, 4, (200, 12)).astype(np.float64)  # many equal logits
+  logits = np.concatenate([real, tied]).astype(np.float32)
+  p = np.concatenate([rng.uniform(0.01, 1.0, 400)]).astype(np.float32)
+  p[:4] = [1.0, 1e-6, 0.5, 0.999]
+  got = np.isfinite(np.asarray(jax.jit(decoding.top_p_filter)(logits, p)))
+  checked = 0
+  for i in range(len(logits)):
+    want, margin = _numpy_top_p(logits[i], float(p[i]))
+    if margin < 1e-5 and p[i] < 1:
+      continue  # p on a cumulative mass: float32 rounding may go either way
+    np.testing.assert_array_equal(got[i], want, err_msg=f"row {i}, p={p[i]}")
+    checked += 1
+  assert checked > 390
+  assert got[0].all() and got[1].sum() == 1
+
+
+def test_top_k_filter_keeps_the_k_largest_and_ties():
+  logits = np.array([[3.0, 1.0, 2.0, 2.0, -1.0], [0.5, 0.4, 0.3, 0.2, 0.1]], np.float32)
+  keep = lambda k: np.isfinite(np.asarray(decoding.top_k_filter(jnp.asarray(logits), k)))
+  np.testing.assert_array_equal(keep(1), [[1, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
+  np.testing.assert_array_equal(keep(2), [[1, 0, 1, 1, 0], [1, 1, 0, 0, 0]])  # tie kept
+  assert keep(0).all() and keep(5).all() and keep(9).all()
+
+
+def test_sampler_draws_from_temperature_then_top_k_then_top_p():
+  logits = np.array([2.0, 1.5, 1.0, 0.6, 0.3, 0.0, -0.5, -2.0], np.float32)
+  temperature, top_k, top_p, n = 0.7, 5, 0.8, 20_000
+  z = np.exp(logits / temperature)
+  z[np.argsort(-z)[top_k:]] = 0
+  nucleus, _ = _numpy_top_p(np.log(np.maximum(z, 1e-30)), top_p)
+  want = np.where(nucleus, z, 0) / np.where(nucleus, z, 0).sum()
+  draw = jax.jit(decoding._sample)
+  samples = draw(jnp.tile(logits, (n, 1)), jax.random.key(0), temperature, top_k, top_p)
+  freq = np.bincount(np.asarray(samples), minlength=len(logits)) / n
+  assert (freq[want == 0] == 0).all()
+  np.testing.assert_allclose(freq, want, atol=0.015)
+
+
+# ----------------------------------------------------------------------------------------
+# Bad input: ValueError before anything is compiled.
+
+
+def _bad_requests():
+  lm, lm_params = _lm("rope")
+  s2s, s2s_params = _s2s()
+  gen = functools.partial(decoding.generate, lm, lm_params)
+  tr = functools.partial(decoding.translate, s2s, s2s_params)
+  return {
+    "token id = vocab": (lambda: gen([[5, 40]], max_new_tokens=2), "outside the vocabulary"),
+    "negative id": (lambda: gen([[5], [-1, 3]], max_new_tokens=2), "outside the vocabulary"),
+    "empty prompt": (lambda: gen([[5], []], max_new_tokens=2), "non-empty"),
+    "no prompts": (lambda: gen([], max_new_tokens=2), "no prompts"),
+    "float ids": (lambda: gen([[1.5, 2.0]], max_new_tokens=2), "integer"),
+    "too long": (lambda: gen([[1] * 10], max_new_tokens=7), "max_len=16"),
+    "no new tokens": (lambda: gen([[1]], max_new_tokens=0), "max_new_tokens=0"),
+    "short prompt_len": (lambda: gen([[1, 2, 3]], max_new_tokens=2, prompt_len=2), "shorter"),
+    "method": (lambda: gen([[1]], max_new_tokens=2, method="topk"), "method='topk'"),
+    "no rng": (lambda: gen([[1]], max_new_tokens=2, method="sample"), "rng"),
+    "top_p": (
+      lambda: gen([[1]], max_new_tokens=2, method="sample", top_p=0.0, rng=jax.random.key(0)),
+      "top_p",
+    ),
+    "beam_size": (lambda: gen([[1]], max_new_tokens=2, method="beam", beam_size=0), "beam_size"),
+    "eos": (lambda: gen([[1]], max_new_tokens=2, eos_id=40), "eos_id=40"),
+    "wrong family": (lambda: decoding.generate(s2s, s2s_params, [[1]], max_new_tokens=2), "Dec"),
+    "source id": (lambda: tr(np.array([[3, 99]]), max_len=4), "outside the vocabulary"),
+    "padding-only source": (lambda: tr(np.array([[3, 4], [0, 0]]), max_len=4), "empty"),
+    "long source": (lambda: tr(np.ones((1, 17), np.int32), max_len=4), "source length 17"),
+    "max_len": (lambda: tr([[3, 4], [5]], max_len=17), "max_len=17"),
+  }
+
+
+@pytest.mark.parametrize("case", list(_bad_requests()))
+def test_bad_input_raises_before_compiling(case):
+  call, message = _bad_requests()[case]
+  jitted = (decoding.lm_decode, decoding.lm_beam_search, decoding.seq2seq_decode)
+  sizes = [f._cache_size() for f in jitted]
+  with pytest.raises(ValueError, match=message):
+    call()
+  assert [f._cache_size() for f in jitted] == sizes

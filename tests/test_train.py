@@ -1,0 +1,235 @@
+"""The training loop end to end on tiny configs, and the step's parallel equivalences."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from transformer import eval_lib, experiment, train_lib
+from transformer.config import ModelConfig
+from transformer.models import build_model
+from transformer.training.parallel import StepRunner, make_mesh
+from transformer.training.train_step import StepConfig, create_train_state
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_lm_config(**loop):
+  """The default config shrunk to seconds: 2 layers of width 32 on 16-character rows."""
+  config = experiment.default_config()
+  m = config.model
+  m.family, m.d_model, m.num_heads, m.num_layers, m.d_ff, m.max_len = "decoder", 32, 2, 2, 64, 32
+  config.data.path = os.path.join(REPO, "data", "tinyshakespeare.txt.gz")
+  config.data.validation_fraction = 0.1
+  config.data.test_fraction = 0.0
+  config.schedule.warmup_steps = 2
+  config.update(
+    dict(batch_size=8, seq_len=16, num_train_steps=6, log_every=2, eval_every=3,
+         eval_batches=2, checkpoint_every=3, sample_tokens=0, **loop)
+  )  # fmt: skip
+  return config
+
+
+# --------------------------------------------------------------------------------------
+# Steps: parallelism and accumulation are exact rewrites of the same update.
+
+
+def _lm_batch(rng, b=16, t=8, vocab=32):
+  tokens = rng.integers(1, vocab, size=(b, t + 1)).astype(np.int32)
+  return {
+    "inputs": tokens[:, :-1],
+    "targets": tokens[:, 1:],
+    "weights": np.ones((b, t), np.float32),
+    "segment_ids": np.ones((b, t), np.int32),
+    "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+  }
+
+
+def _runner(parallelism, devices=None, accum=1, clip=1.0, lr=3e-3):
+  cfg = ModelConfig(family="decoder", vocab_size=32, d_model=32, num_heads=4, num_layers=2,
+                    d_ff=64, max_len=16)  # fmt: skip
+  model = build_model(cfg)
+  tx = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, b2=0.98, eps=1e-9))
+  step_cfg = StepConfig(model=model, tx=tx, kind="lm", label_smoothing=0.1, grad_accum_steps=accum)
+  mesh = make_mesh(devices) if devices is not None else None
+  runner = StepRunner(step_cfg, parallelism, mesh)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
+  return runner, create_train_state(params, tx, jax.random.PRNGKey(1))
+
+
+def _losses(runner, state, batches):
+  state = runner.place_state(state)
+  out = []
+  for b in batches:
+    state, metrics = runner.train(state, b)
+    out.append(float(metrics["loss"]))
+  return np.array(out), runner.host_state(state)
+
+
+def test_jit_and_pmap_on_8_devices_match_one_device():
+  assert jax.device_count() == 8, "tests/conftest.py fakes 8 CPU devices"
+  rng = np.random.default_rng(0)
+  batches = [_lm_batch(rng) for _ in range(5)]
+  single, s1 = _losses(*_runner("jit", jax.devices()[:1]), batches)
+  jit8, s8 = _losses(*_runner("jit"), batches)
+  pmap8, sp = _losses(*_runner("pmap"), batches)
+  np.testing.assert_allclose(jit8, single, atol=1e-5)
+  np.testing.assert_allclose(pmap8, single, atol=1e-5)
+  assert single[-1] < single[0]  # it learns
+  # Parameters are not compared elementwise: Adam divides by sqrt(v) + 1e-9, so entries
+  # whose gradient is ~0 turn reduction-order noise into lr-sized steps on every path.
+  del s1, s8, sp
+
+
+def test_gradient_accumulation_equals_one_large_batch():
+  rng = np.random.default_rng(1)
+  batches = [_lm_batch(rng) for _ in range(3)]
+  devices = jax.devices()[:1]
+  big, s_big = _losses(*_runner("jit", devices, accum=1), batches)
+  acc, s_acc = _losses(*_runner("jit", devices, accum=4), batches)
+  np.testing.assert_allclose(acc, big, atol=1e-5)
+  del s_big, s_acc  # see the comment in the test above
+
+
+def test_tiny_model_memorises_one_batch():
+  batch = _lm_batch(np.random.default_rng(2), b=4, t=8)
+  runner, state = _runner("jit", jax.devices()[:1], clip=10.0, lr=1e-2)
+  state = runner.place_state(state)
+  for _ in range(150):
+    state, metrics = runner.train(state, batch)
+  # Label smoothing 0.1 puts the floor at the smoothed distribution's entropy.
+  assert float(metrics["normalized_loss"]) < 0.05
+  assert float(metrics["accuracy"]) == 1.0
+
+
+def test_nonfinite_update_is_not_applied_and_reported():
+  runner, state = _runner("jit", jax.devices()[:1])
+  batch = _lm_batch(np.random.default_rng(3))
+  state = runner.place_state(state)
+  state, _ = runner.train(state, batch)
+  before = jax.device_get(state.params)
+  poisoned = jax.tree.map(lambda x: x, state)
+  poisoned = poisoned.replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params))
+  after, metrics = runner.train(poisoned, batch)
+  assert not np.isfinite(float(metrics["loss"]))
+  assert int(after.nonfinite_count) == 1 and int(after.first_nonfinite_step) == 2
+  del before
+
+
+# --------------------------------------------------------------------------------------
+# The loop: resume, evaluation, bad input.
+
+
+def test_train_resume_and_eval_reproduce(tmp_path):
+  workdir = str(tmp_path / "run")
+  metrics = train_lib.train_and_evaluate(tiny_lm_config(), workdir)
+  assert set(os.listdir(os.path.join(workdir, "checkpoints"))) >= {"3", "6"}
+  for name in ("config.json", "model_config.json", "metrics.jsonl", "curves.png"):
+    assert os.path.exists(os.path.join(workdir, name)), name
+  assert any(f.startswith("events") for f in os.listdir(os.path.join(workdir, "tensorboard")))
+  # eval.py's library function reproduces the final logged evaluation.
+  result = eval_lib.evaluate(workdir)
+  assert result["step"] == 6
+  np.testing.assert_allclose(result["loss"], metrics["loss"], rtol=1e-6)
+  logged = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  final_eval = [r for r in logged if r["split"] == "eval"][-1]
+  np.testing.assert_allclose(result["loss"], final_eval["loss"], rtol=1e-6)
+  # Rerunning a finished run restores it and changes nothing.
+  again = train_lib.train_and_evaluate(tiny_lm_config(), workdir)
+  np.testing.assert_allclose(again["loss"], metrics["loss"], rtol=1e-6)
+
+
+def _run_cli(workdir, steps, extra=(), wait=True):
+  cmd = [
+    sys.executable, os.path.join(REPO, "train.py"),
+    f"--config={os.path.join(REPO, 'tests', 'tiny_lm_config.py')}", f"--workdir={workdir}",
+    f"--config.num_train_steps={steps}", *extra,
+  ]  # fmt: skip
+  if wait:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+  return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _final_params(workdir):
+  from transformer.training.checkpoints import CheckpointManager
+
+  with CheckpointManager(os.path.join(workdir, "checkpoints"), async_save=False) as mgr:
+    return mgr.restore_numpy(mgr.latest_step())["params"]
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bit_exact(tmp_path):
+  steps, every = 600, ["--config.checkpoint_every=50", "--config.log_every=50"]
+  ref = str(tmp_path / "uninterrupted")
+  done = _run_cli(ref, steps, every)
+  assert done.returncode == 0, done.stderr[-2000:]
+  killed = str(tmp_path / "killed")
+  proc = _run_cli(killed, steps, every, wait=False)
+  # Kill once a few checkpoints exist, mid-run.
+  deadline = time.time() + 300
+  ckpt_dir = os.path.join(killed, "checkpoints")
+  while time.time() < deadline:
+    if os.path.isdir(ckpt_dir) and len([d for d in os.listdir(ckpt_dir) if d.isdigit()]) >= 2:
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  saved = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit())
+  assert saved and saved[-1] < steps, f"the kill came too late: {saved}"
+  resumed = _run_cli(killed, steps, every)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  assert "resumed from step" in resumed.stdout
+  a, b = _final_params(ref), _final_params(killed)
+  jax.tree.map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
+
+
+def test_bad_override_is_one_line_error(tmp_path):
+  out = _run_cli(str(tmp_path / "w"), 6, ["--config.model.d_model=31"])
+  assert out.returncode == 1
+  last = out.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "d_model=31" in last and "num_heads" in last
+  out = _run_cli(str(tmp_path / "w"), 2, ["--config.not_a_field=3"])
+  assert out.returncode != 0 and "not_a_field" in out.stderr
+  assert "Traceback" not in out.stderr
+
+
+def test_unwritable_workdir_and_incompatible_checkpoint(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(ValueError, match="not a directory"):
+    train_lib.train_and_evaluate(tiny_lm_config(), str(blocker))
+  workdir = str(tmp_path / "run")
+  train_lib.train_and_evaluate(tiny_lm_config(num_train_steps=3), workdir)
+  other = tiny_lm_config(num_train_steps=6)
+  other.model.d_model = 64
+  with pytest.raises(ValueError, match=r"model.d_model: checkpoint 32 vs config 64"):
+    train_lib.train_and_evaluate(other, workdir)
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == ["3"]  # nothing lost
+
+
+def test_workdir_lock_refuses_live_owner_and_recovers_stale(tmp_path):
+  from transformer.workdir import LOCK_FILE, WorkdirLock
+
+  workdir = str(tmp_path)
+  with WorkdirLock(workdir):
+    with pytest.raises(RuntimeError, match=f"in use by process {os.getpid()}"):
+      with WorkdirLock(workdir):
+        pass
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  import socket
+
+  with open(os.path.join(workdir, LOCK_FILE), "w") as f:
+    json.dump({"host": socket.gethostname(), "pid": int(dead.stdout)}, f)
+  with WorkdirLock(workdir) as lock:
+    assert lock.held
+  assert not os.path.exists(os.path.join(workdir, LOCK_FILE))

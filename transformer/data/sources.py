@@ -1,0 +1,189 @@
+"""Opening a `DataConfig`'s data and inspecting it before any pipeline runs.
+
+`open_splits` prepares a local builder (or opens a prepared TFDS dataset by name) and
+returns the training and evaluation data sources; `tokenizer_for` trains or loads the
+tokenizer on the training split; `scan` checks a sample of each split for examples that
+do not fit the row and for characters outside a character vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from transformer.data import builders, features, image_builders
+from transformer.data.config import DataConfig
+from transformer.data.tokenizers import CharTokenizer, Tokenizer, get_tokenizer
+
+
+@dataclasses.dataclass
+class Splits:
+  train: Sequence
+  eval: Sequence
+  name: str  # names the data in errors: a local path, or the TFDS name
+  key: str  # identifies the data for caching tokenizers
+  label_names: tuple[str, ...] = ()
+  image_shape: tuple[int, ...] | None = None
+  text_keys: tuple[str, ...] = ("text",)
+
+
+def open_splits(cfg: DataConfig) -> Splits:
+  """Prepares (local builders) or opens (TFDS names) the two splits as data sources."""
+  path, d = cfg.resolved_path(), cfg.data_dir
+  if cfg.source == "tfds":
+    return _open_tfds(cfg)
+  if cfg.source == "text":
+    b = builders.text_corpus(
+      path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction
+    )
+  elif cfg.source == "pairs":
+    b = builders.sentence_pairs(
+      path,
+      [cfg.source_column, cfg.target_column],
+      d,
+      validation_fraction=cfg.validation_fraction,
+      test_fraction=cfg.test_fraction,
+    )
+  elif cfg.source == "labelled":
+    b = builders.labelled_text(
+      path,
+      cfg.text_column,
+      cfg.label_column,
+      d,
+      label_names=cfg.label_names,
+      validation_fraction=cfg.validation_fraction,
+      test_fraction=cfg.test_fraction,
+    )
+  elif cfg.source == "idx":
+    b = image_builders.idx_images(
+      path, d, label_names=cfg.label_names, validation_fraction=cfg.validation_fraction
+    )
+  else:
+    b = image_builders.image_folder(
+      path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction
+    )
+  feats = b.info.features
+  splits = Splits(
+    train=_split(b, cfg.train_split, str(path)),
+    eval=_split(b, cfg.eval_split, str(path)),
+    name=str(path),
+    key=f"{b.name}-{b.builder_config.name}",
+    label_names=tuple(feats["label"].names) if "label" in feats else (),
+    image_shape=tuple(feats["image"].shape) if "image" in feats else None,
+  )
+  if cfg.source == "pairs":
+    splits.text_keys = (cfg.source_column, cfg.target_column)
+  return splits
+
+
+def _split(builder: Any, split: str, name: str) -> Sequence:
+  available = list(builder.info.splits)
+  if split.split("[")[0] not in available:
+    raise ValueError(f"{name}: no split {split!r}; prepared splits: {available}")
+  return builder.as_data_source(split=split)
+
+
+def _open_tfds(cfg: DataConfig) -> Splits:
+  import tensorflow_datasets as tfds
+
+  try:
+    builder = tfds.builder(cfg.path, data_dir=cfg.data_dir)
+    train, eval_ = (
+      tfds.data_source(cfg.path, split=s, data_dir=cfg.data_dir, download=False)
+      for s in (cfg.train_split, cfg.eval_split)
+    )
+  except Exception as e:  # TFDS raises several types for "not prepared here".
+    raise FileNotFoundError(
+      f"TFDS dataset {cfg.path!r} is not prepared in {cfg.data_dir or 'the TFDS default data dir'} "
+      f"as array_record ({type(e).__name__}: {e}). Prepare it first; see docs/DATA.md."
+    ) from e
+  feats = builder.info.features
+  label = feats[cfg.label_column] if cfg.label_column in feats else None
+  text_keys = (
+    (cfg.source_column, cfg.target_column) if cfg.kind == "seq2seq" else (cfg.text_column,)
+  )
+  return Splits(
+    train=train,
+    eval=eval_,
+    name=cfg.path,
+    key=cfg.path,
+    label_names=tuple(getattr(label, "names", None) or ()),
+    image_shape=tuple(feats["image"].shape) if cfg.kind == "image" else None,
+    text_keys=text_keys,
+  )
+
+
+def spaced(source: Sequence, limit: int) -> Iterator[int]:
+  """Up to `limit` evenly spaced record indices, in order."""
+  n = len(source)
+  return iter(range(0, n, max(1, -(-n // limit)))) if n else iter(())
+
+
+def tokenizer_for(cfg: DataConfig, splits: Splits, workdir: str | os.PathLike) -> Tokenizer:
+  def texts() -> Iterator[str]:
+    for _, record in features.read_records(
+      splits.train, spaced(splits.train, cfg.tokenizer_train_examples)
+    ):
+      for key in splits.text_keys:
+        yield features.text_of(record, key)
+
+  cache = Path(workdir) / "tokenizers" / re.sub(r"[^\w.+-]", "_", splits.key)
+  return get_tokenizer(cfg.tokenizer, cache, texts, cfg.vocab_size, cfg.spm_model_type)
+
+
+def scan(
+  cfg: DataConfig, splits: Splits, tok: Tokenizer, seq_len: int, target_len: int
+) -> dict[str, Any]:
+  """Counts overlong examples in a sample of each split (raises under 'error')."""
+  extra = {"lm": 2, "mlm": 2, "classification": 1}  # BOS+EOS, CLS+SEP, CLS
+  limits = {"lm": seq_len + 1, "mlm": seq_len, "classification": seq_len}
+  stats: dict[str, Any] = {}
+  for split, source in (("train", splits.train), ("eval", splits.eval)):
+    over, seen = 0, 0
+    for i, record in features.read_records(source, spaced(source, cfg.scan_examples)):
+      if cfg.kind == "seq2seq":
+        sizes = [
+          (len(tok.encode_array(features.text_of(record, k))) + 1, n)
+          for k, n in ((cfg.source_column, seq_len), (cfg.target_column, target_len))
+        ]
+      else:
+        sizes = [
+          (
+            len(tok.encode_array(features.text_of(record, splits.text_keys[0]))) + extra[cfg.kind],
+            limits[cfg.kind],
+          )
+        ]
+      seen += 1
+      if any(n > limit for n, limit in sizes):
+        over += 1
+        if cfg.overlong == "error":
+          raise ValueError(
+            f"{features.where(splits.name, i, record)}: too long for the row: "
+            f"(tokens, limit) = {sizes}"
+          )
+    stats[f"{split}_overlong"] = (over, seen)
+    if over:
+      logging.warning(
+        "%s [%s]: %d of %d sampled examples exceed the row length (%s)",
+        splits.name,
+        split,
+        over,
+        seen,
+        cfg.overlong,
+      )
+  if isinstance(tok, CharTokenizer):
+    unknown: Counter[str] = Counter()
+    for _, record in features.read_records(splits.eval, spaced(splits.eval, cfg.scan_examples)):
+      unknown += tok.unknown_chars(features.text_of(record, splits.text_keys[0]))
+    stats["eval_unknown_chars"] = dict(unknown)
+    if unknown:
+      logging.warning(
+        "%s: characters outside the vocabulary map to UNK: %s", splits.name, dict(unknown)
+      )
+  return stats
