@@ -30,19 +30,29 @@ def _lm(position: str):
 
 
 @functools.cache
-def _s2s(vocab_size: int = 40):
-  config = make_tiny_config(
-    "seq2seq", vocab_size=vocab_size, position="relative_t5", norm="rmsnorm", tie_embeddings=False
-  )
+def _s2s():
+  config = make_tiny_config("seq2seq", position="relative_t5", norm="rmsnorm", tie_embeddings=False)
   model = EncoderDecoder(config)
   tokens = jnp.ones((1, 4), jnp.int32)
   return model, make_random_params(model, tokens, tokens, seed=1)
 
 
+# Vocabulary 6 for exhaustive search. The seeds give models whose best sequence (no EOS)
+# is not the greedy one, so beam search has to search.
 @functools.cache
 def _tiny_vocab_lm():
-  model = DecoderLM(make_tiny_config("decoder", vocab_size=6, max_len=8, position="rope"))
+  config = make_tiny_config(
+    "decoder", vocab_size=6, max_len=8, position="rope", tie_embeddings=False
+  )
+  model = DecoderLM(config)
   return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32), seed=2)
+
+
+@functools.cache
+def _tiny_vocab_s2s():
+  model = EncoderDecoder(make_tiny_config("seq2seq", vocab_size=6, tie_embeddings=False))
+  tokens = jnp.ones((1, 4), jnp.int32)
+  return model, make_random_params(model, tokens, tokens, seed=0)
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -197,16 +207,30 @@ def test_beam_size_one_equals_greedy():
   np.testing.assert_array_equal(beam.tokens, greedy.tokens)
 
 
-def _exhaustive_best(logprobs: np.ndarray, length: int, eos_id, alpha: float, vocab: int):
-  """All hypotheses from per-sequence log-probs [V**L, L] of every length-L continuation.
+def _ranked(logprobs: np.ndarray, eos_id, alpha: float) -> list[tuple[float, tuple[int, ...]]]:
+  """Every hypothesis, best first, from full-forward log-probs [V**L, L, V] of all the
+  length-L continuations (in itertools.product order).
 
-  A hypothesis ends at its first EOS, or at L tokens. Returns [(score, tokens)] best first.
+  A hypothesis ends at its first EOS, or at L tokens; score = log-prob / length penalty.
   """
+  count, length, vocab = logprobs.shape
+  seqs = np.array(list(itertools.product(range(vocab), repeat=length)))  # [V^L, L]
+  chosen = np.take_along_axis(logprobs, seqs[..., None], -1)[..., 0]  # [V^L, L]
   best = {}
-  for seq, lp in zip(itertools.product(range(vocab), repeat=length), logprobs, strict=True):
+  for seq, lp in zip(map(tuple, seqs), chosen, strict=True):
     n = seq.index(eos_id) + 1 if eos_id in seq else length
     best[seq[:n]] = lp[:n].sum() / _penalty(n, alpha)
   return sorted(((s, t) for t, s in best.items()), reverse=True)
+
+
+def _greedy_path(logprobs: np.ndarray) -> tuple[int, ...]:
+  """The greedy continuation read off the same log-probs [V**L, L, V]."""
+  _, length, vocab = logprobs.shape
+  path = []
+  for j in range(length):
+    row = sum(t * vocab ** (length - 1 - i) for i, t in enumerate(path))  # path + [0, ...]
+    path.append(int(logprobs[row, j].argmax()))
+  return tuple(path)
 
 
 def _check_beams(out, row, ranked, k=5):
@@ -221,48 +245,67 @@ def _check_beams(out, row, ranked, k=5):
   return len(seq)
 
 
-# eos None: every hypothesis has L tokens; alpha 3 favours long ones, 0.6 short ones.
-CASES = [(None, 0.6), (2, 0.6), (2, 3.0)]
+# eos None: every hypothesis has L tokens; alpha 0.6 favours short hypotheses, 3 long ones.
+CASES = [(None, 0.6), (2, 0.6), (3, 3.0)]
+
+
+def _check_exhaustive(out, logprobs_per_row, eos_id, alpha):
+  length = out.tokens.shape[1]
+  lengths = []
+  for row, logprobs in enumerate(logprobs_per_row):
+    ranked = _ranked(logprobs, eos_id, alpha)
+    lengths.append(_check_beams(out, row, ranked))
+    if eos_id is None:
+      assert ranked[0][1] != _greedy_path(logprobs)  # the search beats greedy here
+  if eos_id is not None and alpha < 1:
+    assert min(lengths) < length  # the EOS path is exercised
 
 
 @pytest.mark.parametrize("eos_id, alpha", CASES)
 def test_lm_beam_search_finds_the_exhaustive_optimum(eos_id, alpha):
   model, params = _tiny_vocab_lm()
   v, length, prompts = 6, 4, [[1, 3, 4], [5, 1, 3]]
+  beam = v ** (length - 1)  # every prefix stays live, so the search is exhaustive
   out = decoding.generate(
-    model, params, prompts, max_new_tokens=length, method="beam", beam_size=v ** (length - 1),
-    alpha=alpha, eos_id=eos_id,
-  )  # fmt: skip
+    model,
+    params,
+    prompts,
+    max_new_tokens=length,
+    method="beam",
+    beam_size=beam,
+    alpha=alpha,
+    eos_id=eos_id,
+  )
   conts = np.array(list(itertools.product(range(v), repeat=length)), np.int32)  # [V^L, L]
-  lengths = []
-  for row, prompt in enumerate(prompts):
+  per_row = []
+  for prompt in prompts:
     tokens = np.concatenate([np.tile(prompt, (len(conts), 1)), conts], 1)  # [V^L, P + L]
     logprobs = np.asarray(_lm_logprobs(model, params, tokens, np.ones_like(tokens)))
-    at = len(prompt) - 1 + np.arange(length)
-    chosen = np.take_along_axis(logprobs[:, at], conts[..., None], -1)[..., 0]  # [V^L, L]
-    lengths.append(_check_beams(out, row, _exhaustive_best(chosen, length, eos_id, alpha, v)))
-  if eos_id is not None and alpha < 1:
-    assert min(lengths) < length  # the EOS path is exercised
+    per_row.append(logprobs[:, len(prompt) - 1 + np.arange(length)])  # [V^L, L, V]
+  _check_exhaustive(out, per_row, eos_id, alpha)
 
 
 @pytest.mark.parametrize("eos_id, alpha", CASES)
 def test_seq2seq_beam_search_finds_the_exhaustive_optimum(eos_id, alpha):
-  model, params = _s2s(vocab_size=6)
+  model, params = _tiny_vocab_s2s()
   v, length = 6, 3
   inputs = np.array([[3, 4, 5, 1], [5, 1, 0, 0]], np.int32)
   out = decoding.translate(
-    model, params, inputs, max_len=length, method="beam", beam_size=v ** (length - 1),
-    alpha=alpha, eos_id=eos_id,
-  )  # fmt: skip
+    model,
+    params,
+    inputs,
+    max_len=length,
+    method="beam",
+    beam_size=v ** (length - 1),
+    alpha=alpha,
+    eos_id=eos_id,
+  )
   conts = np.array(list(itertools.product(range(v), repeat=length)), np.int32)  # [V^L, L]
-  lengths = []
-  for row in range(len(inputs)):
-    source = np.tile(inputs[row], (len(conts), 1))
-    logprobs = np.asarray(_s2s_logprobs(model, params, source, conts))  # [V^L, L, V]
-    chosen = np.take_along_axis(logprobs, conts[..., None], -1)[..., 0]
-    lengths.append(_check_beams(out, row, _exhaustive_best(chosen, length, eos_id, alpha, v)))
-  if eos_id is not None and alpha < 1:
-    assert min(lengths) < length
+  per_row = [
+    np.asarray(_s2s_logprobs(model, params, np.tile(source, (len(conts), 1)), conts))
+    for source in inputs
+  ]  # [V^L, L, V] each
+  _check_exhaustive(out, per_row, eos_id, alpha)
 
 
 # ----------------------------------------------------------------------------------------

@@ -189,35 +189,42 @@ def _restack(unrolled_stack, num_layers):
   return {**rest, "layers": {"block": jax.tree.map(lambda *x: np.stack(x), *layers)}}
 
 
-@pytest.mark.parametrize(
-  "scan, remat", [(True, "none"), (False, "full"), (True, "dots"), (False, "dots_no_batch")]
-)
-def test_scan_and_remat_preserve_outputs_and_gradients(tiny_config, random_params, scan, remat):
+VARIANTS = [(True, "none"), (False, "full"), (True, "dots"), (False, "dots_no_batch")]
+
+
+def test_scan_and_remat_preserve_outputs_and_gradients(tiny_config, random_params):
+  """scan_layers (params restacked) and every remat policy: same logits, same gradients."""
   base_config = tiny_config(position="relative_t5", num_kv_heads=2)
   base = DecoderLM(base_config)
-  variant = DecoderLM(base_config.replace(scan_layers=scan, remat_policy=remat))
   tokens = _tokens((2, 8), seed=12)
   params = random_params(base, tokens)
-  variant_params = dict(params)
-  if scan:
-    variant_params["decoder"] = _restack(params["decoder"], base_config.num_layers)
-  shapes = jax.eval_shape(lambda: variant.init(jax.random.key(0), tokens))["params"]
-  assert jax.tree.structure(shapes) == jax.tree.structure(variant_params)
+  models, model_params = [base], [params]
+  for scan, remat in VARIANTS:
+    variant = DecoderLM(base_config.replace(scan_layers=scan, remat_policy=remat))
+    p = dict(params, decoder=_restack(params["decoder"], 2)) if scan else params
+    shapes = jax.eval_shape(lambda v=variant: v.init(jax.random.key(0), tokens))["params"]
+    assert jax.tree.structure(shapes) == jax.tree.structure(p), (scan, remat)
+    models.append(variant)
+    model_params.append(p)
 
   def loss(model, p):
     logits = model.apply({"params": p}, tokens)
     return jnp.mean(jax.nn.log_softmax(logits)[..., 0]), logits
 
   @jax.jit
-  def both(params, variant_params):
-    return (jax.value_and_grad(loss, argnums=1, has_aux=True)(base, params),
-            jax.value_and_grad(loss, argnums=1, has_aux=True)(variant, variant_params))
+  def all_grads(model_params):
+    return [
+      jax.value_and_grad(loss, argnums=1, has_aux=True)(m, p)
+      for m, p in zip(models, model_params, strict=True)
+    ]
 
-  ((_, logits), grads), ((_, v_logits), v_grads) = both(params, variant_params)
-  np.testing.assert_allclose(v_logits, logits, rtol=1e-5, atol=1e-5)
-  if scan:
-    grads = dict(grads, decoder=_restack(grads["decoder"], base_config.num_layers))
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), v_grads, grads)
+  ((_, logits), grads), *variants = all_grads(model_params)
+  for ((_, v_logits), v_grads), (scan, remat) in zip(variants, VARIANTS, strict=True):
+    np.testing.assert_allclose(v_logits, logits, rtol=1e-5, atol=1e-5, err_msg=f"{scan} {remat}")
+    expected = dict(grads, decoder=_restack(grads["decoder"], 2)) if scan else grads
+    jax.tree.map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), v_grads, expected
+    )
 
 
 # ----------------------------------------------------------------------------------------

@@ -33,10 +33,9 @@ def tiny_lm_config(**loop):
   config.data.validation_fraction = 0.1
   config.data.test_fraction = 0.0
   config.schedule.warmup_steps = 2
-  config.update(
-    dict(batch_size=8, seq_len=16, num_train_steps=6, log_every=2, eval_every=3,
-         eval_batches=2, checkpoint_every=3, sample_tokens=0, **loop)
-  )  # fmt: skip
+  fields = dict(batch_size=8, seq_len=16, num_train_steps=6, log_every=2, eval_every=3,
+                eval_batches=2, checkpoint_every=3, sample_tokens=0)  # fmt: skip
+  config.update({**fields, **loop})
   return config
 
 
