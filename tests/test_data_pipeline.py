@@ -19,8 +19,13 @@ def data(tmp_path_factory):
   root = tmp_path_factory.mktemp("data")
   rng = np.random.default_rng(0)
   sentence = lambda n: " ".join(rng.choice(WORDS, n))  # noqa: E731
-  (root / "corpus.txt").write_text("".join(sentence(rng.integers(3, 12)) + ".\n" for _ in range(600)))
-  rows = [(f"{k} {sentence(rng.integers(2, 9))}", f"{k} {sentence(rng.integers(2, 12))}") for k in range(160)]
+  (root / "corpus.txt").write_text(
+    "".join(sentence(rng.integers(3, 12)) + ".\n" for _ in range(600))
+  )
+  rows = [
+    (f"{k} {sentence(rng.integers(2, 9))}", f"{k} {sentence(rng.integers(2, 12))}")
+    for k in range(160)
+  ]
   (root / "pairs.tsv").write_text("en\tes\n" + "".join(f"{a}\t{b}\n" for a, b in rows))
   labelled = "".join(f"{a}\t{'odd' if k % 2 else 'even'}\n" for k, (a, _) in enumerate(rows[:120]))
   (root / "labelled.tsv").write_text("text\tlabel\n" + labelled)
@@ -39,24 +44,48 @@ def data(tmp_path_factory):
 
 def _config(data, name, **changes):
   root = data["root"]
+  labelled, pairs, corpus = (
+    str(root / "labelled.tsv"),
+    str(root / "pairs.tsv"),
+    str(root / "corpus.txt"),
+  )
   base = {
-    "lm": dict(kind="lm", source="text", path=str(root / "corpus.txt")),
-    "lm_examples": dict(kind="lm", source="labelled", path=str(root / "labelled.tsv"), windows=False),
-    "mlm": dict(kind="mlm", source="labelled", path=str(root / "labelled.tsv")),
-    "mlm_windows": dict(kind="mlm", source="text", path=str(root / "corpus.txt")),
-    "classification": dict(kind="classification", source="labelled", path=str(root / "labelled.tsv")),
-    "seq2seq": dict(kind="seq2seq", source="pairs", path=str(root / "pairs.tsv"), tokenizer="sentencepiece", vocab_size=60),
-    "seq2seq_padded": dict(kind="seq2seq", source="pairs", path=str(root / "pairs.tsv"), packing=False),
-    "image": dict(kind="image", source="idx", path=str(root / "idx"), tokenizer="none", eval_split="test",
-                  validation_fraction=0.0, crop_padding=1, horizontal_flip=True),
-  }[name]  # fmt: skip
+    "lm": dict(kind="lm", source="text", path=corpus),
+    "lm_examples": dict(kind="lm", source="labelled", path=labelled, windows=False),
+    "mlm": dict(kind="mlm", source="labelled", path=labelled),
+    "mlm_windows": dict(kind="mlm", source="text", path=corpus),
+    "classification": dict(kind="classification", source="labelled", path=labelled),
+    "seq2seq": dict(
+      kind="seq2seq", source="pairs", path=pairs, tokenizer="sentencepiece", vocab_size=60
+    ),
+    "seq2seq_padded": dict(kind="seq2seq", source="pairs", path=pairs, packing=False),
+    "image": dict(
+      kind="image",
+      source="idx",
+      path=str(root / "idx"),
+      tokenizer="none",
+      eval_split="test",
+      validation_fraction=0.0,
+      crop_padding=1,
+      horizontal_flip=True,
+    ),
+  }[name]
   return DataConfig(data_dir=data["tfds"], **{**base, **changes})
 
 
-def _make(data, name, tmp_path, seed=0, batch_size=4, seq_len=24, **kwargs):
-  changes = {k: kwargs.pop(k) for k in list(kwargs) if k not in ("process_index", "process_count")}
+def _make(
+  data,
+  name,
+  tmp_path,
+  seed=0,
+  batch_size=4,
+  seq_len=24,
+  process_index=0,
+  process_count=1,
+  **changes,
+):
   cfg = _config(data, name, **changes)
-  return make_datasets(cfg, tmp_path, batch_size, seq_len, seed, kwargs.get("process_index", 0), kwargs.get("process_count", 1))
+  return make_datasets(cfg, tmp_path, batch_size, seq_len, seed, process_index, process_count)
 
 
 def _take(it, n):
@@ -64,10 +93,22 @@ def _take(it, n):
 
 
 def _same(a, b):
-  return len(a) == len(b) and all(set(x) == set(y) and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(a, b))
+  return len(a) == len(b) and all(
+    set(x) == set(y) and all(np.array_equal(x[k], y[k]) for k in x)
+    for x, y in zip(a, b, strict=True)
+  )
 
 
-FAMILIES = ["lm", "lm_examples", "mlm", "mlm_windows", "classification", "seq2seq", "seq2seq_padded", "image"]
+FAMILIES = [
+  "lm",
+  "lm_examples",
+  "mlm",
+  "mlm_windows",
+  "classification",
+  "seq2seq",
+  "seq2seq_padded",
+  "image",
+]
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -90,7 +131,9 @@ def _check_semantics(kind, batches, info):
     seg = b["segment_ids"]
     assert ((b["weights"] > 0) == (seg > 0)).all()
     same_segment = (seg[:, 1:] == seg[:, :-1]) & (seg[:, 1:] > 0)
-    assert (b["targets"][:, :-1][same_segment] == b["inputs"][:, 1:][same_segment]).all()  # next tokens
+    assert (
+      b["targets"][:, :-1][same_segment] == b["inputs"][:, 1:][same_segment]
+    ).all()  # next tokens
     starts = (b["positions"] == 0) & (seg > 0)
     if info.config.uses_windows:
       assert (seg == 1).all() and (b["positions"] == np.arange(info.seq_len)).all()
@@ -142,25 +185,41 @@ def test_resume_through_grain_checkpoint_handler(data, tmp_path):
   grain.checkpoint.CheckpointHandler().save(directory, args=grain.checkpoint.CheckpointSave(train))
   expected = _take(train, 4)
   fresh = _make(data, "mlm", tmp_path)[0]
-  grain.checkpoint.CheckpointHandler().restore(directory, args=grain.checkpoint.CheckpointRestore(fresh))
+  grain.checkpoint.CheckpointHandler().restore(
+    directory, args=grain.checkpoint.CheckpointRestore(fresh)
+  )
   assert _same(_take(fresh, 4), expected)
 
 
 def _texts(batch, tok):
-  return [tok.decode(row[1:][seg[1:] > 0]) for row, seg in zip(batch["inputs"], batch["segment_ids"], strict=True)]
+  return [
+    tok.decode(row[1:][seg[1:] > 0])
+    for row, seg in zip(batch["inputs"], batch["segment_ids"], strict=True)
+  ]
 
 
 def test_host_shards_are_disjoint_and_cover_the_data(data, tmp_path):
   kw = dict(validation_fraction=0.0, test_fraction=0.0, eval_split="train", num_epochs=1)
   per_host_train, per_host_eval, eval_batches = [], [], []
   for host in range(2):
-    train, eval_factory, info = _make(data, "classification", tmp_path, seq_len=40, process_index=host, process_count=2, **kw)
+    train, eval_factory, info = _make(
+      data, "classification", tmp_path, seq_len=80, process_index=host, process_count=2, **kw
+    )
     assert info.batch_size == 2
     per_host_train.append([t for batch in train for t in _texts(batch, info.tokenizer)])
     evals = list(eval_factory())
     eval_batches.append(len(evals))
-    per_host_eval.append([t for batch in evals for t, label in zip(_texts(batch, info.tokenizer), batch["label"], strict=True) if label >= 0])
-  everything = {line.split("\t")[0] for line in (data["root"] / "labelled.tsv").read_text().splitlines()[1:]}
+    per_host_eval.append(
+      [
+        t
+        for batch in evals
+        for t, label in zip(_texts(batch, info.tokenizer), batch["label"], strict=True)
+        if label >= 0
+      ]
+    )
+  everything = {
+    line.split("\t")[0] for line in (data["root"] / "labelled.tsv").read_text().splitlines()[1:]
+  }
   for rows in (per_host_train, per_host_eval):
     assert len(rows[0]) == len(rows[1]) == 60
     assert not set(rows[0]) & set(rows[1])
@@ -169,7 +228,7 @@ def test_host_shards_are_disjoint_and_cover_the_data(data, tmp_path):
 
 
 def test_eval_is_padded_to_full_batches(data, tmp_path):
-  _, eval_factory, info = _make(data, "classification", tmp_path, batch_size=16, seq_len=40)
+  _, eval_factory, info = _make(data, "classification", tmp_path, batch_size=16, seq_len=80)
   batches = list(eval_factory())
   labels = np.concatenate([b["label"] for b in batches])
   real = labels >= 0
@@ -183,11 +242,16 @@ def test_eval_is_padded_to_full_batches(data, tmp_path):
 def test_lm_eval_windows_predict_every_token_once(data, tmp_path):
   _, eval_factory, info = _make(data, "lm", tmp_path, seq_len=32)
   text = (data["root"] / "corpus.txt").read_text()
-  n_train = int(len(text) * 0.9)
-  start = text.index("\n", n_train - 1) + 1 if text[n_train - 1] != "\n" else n_train
+  # The validation split: from the first line start at or after 90% of the characters to 95%.
+  start = text.index("\n", int(len(text) * 0.9) - 1) + 1
   end = text.index("\n", int(len(text) * 0.95) - 1) + 1
   stream = info.tokenizer.encode(text[start:end])
-  targets = [t for b in eval_factory() for row, w in zip(b["targets"], b["weights"], strict=True) for t in row[w > 0]]
+  targets = [
+    t
+    for b in eval_factory()
+    for row, w in zip(b["targets"], b["weights"], strict=True)
+    for t in row[w > 0]
+  ]
   assert targets == stream[1:]
 
 
@@ -199,9 +263,13 @@ def test_stats_report_truncation_and_packing(data, tmp_path):
 
 
 def test_skip_policy_drops_overlong_training_examples(data, tmp_path):
-  train = _make(data, "classification", tmp_path, seq_len=8, overlong="skip", num_epochs=1)[0]
-  rows = np.concatenate([b["segment_ids"] for b in train])
-  assert len(rows) > 0 and (rows.sum(1) < 8).all()  # never cut: no full-length row (CLS + >= 7 tokens)
+  train, _, info = _make(data, "classification", tmp_path, seq_len=9, overlong="skip", num_epochs=1)
+  kept = {t for batch in train for t in _texts(batch, info.tokenizer)}
+  texts = [
+    line.split("\t")[0] for line in (data["root"] / "labelled.tsv").read_text().splitlines()[1:]
+  ]
+  fitting = {t for t in texts if len(t) <= 8}  # [CLS] + 8 characters fill a row of 9
+  assert 0 < len(fitting) < len(texts) and kept and kept <= fitting
 
 
 def test_worker_processes_give_resumable_batches(data, tmp_path):

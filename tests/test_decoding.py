@@ -42,10 +42,10 @@ def _s2s():
 @functools.cache
 def _tiny_vocab_lm():
   config = make_tiny_config(
-    "decoder", vocab_size=6, max_len=8, position="rope", tie_embeddings=False
-  )
+    "decoder", vocab_size=6, max_len=8, position="rope", tie_embeddings=False, scan_layers=True
+  )  # nn.scan: the beams are gathered along cache axis 1
   model = DecoderLM(config)
-  return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32), seed=2)
+  return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32), seed=3)
 
 
 @functools.cache
@@ -246,7 +246,7 @@ def _check_beams(out, row, ranked, k=5):
 
 
 # eos None: every hypothesis has L tokens; alpha 0.6 favours short hypotheses, 3 long ones.
-CASES = [(None, 0.6), (2, 0.6), (3, 3.0)]
+CASES = [(None, 0.6), (2, 0.6), (3, 3.0), (2, 3.0)]
 
 
 def _check_exhaustive(out, logprobs_per_row, eos_id, alpha):

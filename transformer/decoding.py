@@ -8,11 +8,12 @@ Public API:
   translate(model, params, inputs, ...)   EncoderDecoder: decode targets for sources.
   lm_decode / lm_beam_search / seq2seq_decode / seq2seq_beam_search: the jitted loops
     (no input checking; `generate` / `translate` validate and then call these).
-  top_k_filter, top_p_filter, left_pad, init_cache.
+  DecodeResult, Sampling, top_k_filter, top_p_filter, left_pad, init_cache.
 
-Every loop is one `jax.jit` (static: the model, lengths, beam size, greedy or not) around a
-`lax.while_loop` that feeds one token per iteration to the cached model; temperature,
-top-k, top-p, alpha and eos_id are traced, so changing them does not recompile.
+Every loop is one `jax.jit` (static: the model, the length, the beam size; greedy and
+sampling differ in the `sampling` pytree) around a `lax.while_loop` that feeds one token
+per iteration to the cached model; temperature, top-k, top-p, alpha and eos_id are traced,
+so changing them does not recompile.
 
 Prompts of a DecoderLM batch are left-padded to a common length P. Pads get segment id 0
 and real tokens segment id 1, so the causal + segment mask (`MaskInfo.block_mask`, with
@@ -67,6 +68,19 @@ class DecodeResult(NamedTuple):
   beam_scores: jax.Array | None = None
 
 
+class Sampling(NamedTuple):
+  """Sampling options of the jitted loops; all traced, so new values do not recompile.
+
+  Step i draws with `fold_in(rng, i)`: temperature > 0, then top_k (0 = off), then
+  top_p (1 = off). A loop given `sampling=None` is greedy.
+  """
+
+  rng: jax.Array
+  temperature: float | jax.Array = 1.0
+  top_k: int | jax.Array = 0
+  top_p: float | jax.Array = 1.0
+
+
 # ----------------------------------------------------------------------------------------
 # Logit filters.
 
@@ -89,8 +103,9 @@ def top_p_filter(logits: jax.Array, p: float | jax.Array) -> jax.Array:
   """Nucleus filter: keeps the smallest set of most probable tokens whose mass reaches p.
 
   logits: [..., V]; the rest become -inf. p: a scalar or one per row [...]. The most
-  probable token is always kept; p >= 1 keeps everything. Ties: every token whose logit equals the smallest kept logit is kept,
-  so the result does not depend on the order of tied tokens. p may be traced.
+  probable token is always kept; p >= 1 keeps everything. Ties: every token whose logit
+  equals the smallest kept logit is kept, so the result does not depend on the order of
+  tied tokens. p may be traced.
   """
   v = logits.shape[-1]
   ordered = -jnp.sort(-logits, axis=-1)  # [..., V] descending
@@ -292,45 +307,29 @@ def _beam_loop(step: Step, state, axes, tokens, positions, length: int, beam: in
   return DecodeResult(seqs[:, 0], scores[:, 0], _lengths(seqs[:, 0], eos_id), seqs, scores)
 
 
-def _selector(greedy: bool, rng, temperature, top_k, top_p):
-  if greedy:
+def _selector(sampling: Sampling | None):
+  if sampling is None:
     return lambda logits, i: jnp.argmax(logits, axis=-1)
+  rng, temperature, top_k, top_p = sampling
   return lambda logits, i: _sample(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)
 
 
 # ----------------------------------------------------------------------------------------
-# Jitted entry points (no input checking: see `generate` and `translate`).
-
-_jit_decode = functools.partial(jax.jit, static_argnames=("model", "length", "greedy"))
-_jit_beam = functools.partial(jax.jit, static_argnames=("model", "length", "beam_size"))
+# Jitted entry points (no input checking: see `generate` and `translate`). Static: the
+# model, the length L and the beam size; eos_id = -1 means none.
 
 
-@_jit_decode
-def lm_decode(
-  model,
-  params,
-  prompts,
-  lengths,
-  *,
-  length,
-  greedy,
-  rng=None,
-  temperature=1.0,
-  top_k=0,
-  top_p=1.0,
-  eos_id=-1,
-) -> DecodeResult:
-  """Greedy or sampled continuation of left-padded prompts [B, P] with real `lengths` [B].
+@functools.partial(jax.jit, static_argnames=("model", "length"))
+def lm_decode(model, params, prompts, lengths, *, length, sampling=None, eos_id=-1) -> DecodeResult:
+  """Greedy (sampling None) or sampled continuation of L = `length` tokens.
 
-  length: new tokens L (static). rng: PRNG key (sampling; step i uses fold_in(rng, i)).
-  eos_id: -1 for none.
+  prompts: [B, P] left-padded; lengths: [B] real prompt lengths.
   """
   step, state, _, tokens, positions = _lm_start(model, params, prompts, lengths)
-  select = _selector(greedy, rng, temperature, top_k, top_p)
-  return _decode_loop(step, state, tokens, positions, length, select, eos_id)
+  return _decode_loop(step, state, tokens, positions, length, _selector(sampling), eos_id)
 
 
-@_jit_beam
+@functools.partial(jax.jit, static_argnames=("model", "length", "beam_size"))
 def lm_beam_search(
   model, params, prompts, lengths, *, length, beam_size, alpha=0.6, eos_id=-1
 ) -> DecodeResult:
@@ -339,31 +338,18 @@ def lm_beam_search(
   return _beam_loop(step, state, axes, tokens, positions, length, beam_size, alpha, eos_id)
 
 
-@_jit_decode
-def seq2seq_decode(
-  model,
-  params,
-  inputs,
-  *,
-  length,
-  greedy,
-  rng=None,
-  temperature=1.0,
-  top_k=0,
-  top_p=1.0,
-  eos_id=-1,
-) -> DecodeResult:
-  """Greedy or sampled targets of L = `length` tokens for sources inputs [B, S] (0 = pad)."""
+@functools.partial(jax.jit, static_argnames=("model", "length"))
+def seq2seq_decode(model, params, inputs, *, length, sampling=None, eos_id=-1) -> DecodeResult:
+  """Greedy (sampling None) or sampled targets of L tokens for inputs [B, S] (0 = pad)."""
   step, state, _, tokens, positions = _seq2seq_start(model, params, inputs)
-  select = _selector(greedy, rng, temperature, top_k, top_p)
-  return _decode_loop(step, state, tokens, positions, length, select, eos_id)
+  return _decode_loop(step, state, tokens, positions, length, _selector(sampling), eos_id)
 
 
-@_jit_beam
+@functools.partial(jax.jit, static_argnames=("model", "length", "beam_size"))
 def seq2seq_beam_search(
   model, params, inputs, *, length, beam_size, alpha=0.6, eos_id=-1
 ) -> DecodeResult:
-  """Beam search over targets of L = `length` tokens for sources inputs [B, S] (0 = pad)."""
+  """Beam search over targets of L = `length` tokens for inputs [B, S] (0 = pad)."""
   step, state, axes, tokens, positions = _seq2seq_start(model, params, inputs)
   return _beam_loop(step, state, axes, tokens, positions, length, beam_size, alpha, eos_id)
 
@@ -435,13 +421,12 @@ def _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, 
     raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {config.vocab_size})")
 
 
-def _run(greedy_or_sample, beam, method, temperature, beam_size, alpha, eos_id, **common):
+def _run(decode, beam_search, args, length, method, sampling, beam_size, alpha, eos_id):
   eos = -1 if eos_id is None else eos_id
   if method == "beam":
-    return beam(**common, beam_size=beam_size, alpha=alpha, eos_id=eos)
-  if method == "greedy" or temperature == 0:
-    return greedy_or_sample(**common, greedy=True, eos_id=eos)
-  return greedy_or_sample(**common, greedy=False, temperature=temperature, eos_id=eos)
+    return beam_search(*args, length=length, beam_size=beam_size, alpha=alpha, eos_id=eos)
+  greedy = method == "greedy" or sampling.temperature == 0
+  return decode(*args, length=length, sampling=None if greedy else sampling, eos_id=eos)
 
 
 def generate(
@@ -472,9 +457,9 @@ def generate(
   prompt, longest prompt + max_new_tokens > config.max_len, or a bad option.
   Returns a DecodeResult with tokens [B, max_new_tokens] (new tokens only).
   """
-  config = model.config
   if not isinstance(model, DecoderLM):
     raise ValueError(f"generate needs a DecoderLM, got {type(model).__name__}")
+  config = model.config
   _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, eos_id, rng)
   tokens, lengths = left_pad(prompts, prompt_len)
   _check_tokens(tokens, config.vocab_size, "prompt")
@@ -483,11 +468,10 @@ def generate(
       f"prompt length {tokens.shape[1]} + max_new_tokens={max_new_tokens} must be in "
       f"[{tokens.shape[1] + 1}, config.max_len={config.max_len}]"
     )
-  common = dict(model=model, params=_unwrap(params), prompts=tokens, lengths=lengths)
-  common["length"] = max_new_tokens
-  if method == "sample" and temperature > 0:
-    common.update(rng=rng, top_k=top_k, top_p=top_p)
-  return _run(lm_decode, lm_beam_search, method, temperature, beam_size, alpha, eos_id, **common)
+  sampling = Sampling(rng, temperature, top_k, top_p)
+  args = (model, _unwrap(params), tokens, lengths)
+  fns = (lm_decode, lm_beam_search)
+  return _run(*fns, args, max_new_tokens, method, sampling, beam_size, alpha, eos_id)
 
 
 def translate(
@@ -512,9 +496,9 @@ def translate(
   out-of-vocabulary source, S or max_len beyond config.max_len, or a bad option.
   Returns a DecodeResult with tokens [B, max_len].
   """
-  config = model.config
   if not isinstance(model, EncoderDecoder):
     raise ValueError(f"translate needs an EncoderDecoder, got {type(model).__name__}")
+  config = model.config
   _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, eos_id, rng)
   if isinstance(inputs, np.ndarray | jax.Array) and np.ndim(inputs) == 2:
     tokens = np.asarray(inputs)
@@ -525,17 +509,14 @@ def translate(
   _check_tokens(tokens, config.vocab_size, "source")
   empty = np.flatnonzero((tokens != PAD_ID).sum(-1) == 0)
   if tokens.size == 0 or empty.size:
-    raise ValueError(f"source rows {empty.tolist()} are empty (only PAD)")
+    raise ValueError(f"no sources, or source rows {empty.tolist()} empty (only PAD)")
   max_len = config.max_len if max_len is None else max_len
   if not 1 <= max_len <= config.max_len or tokens.shape[1] > config.max_len:
     raise ValueError(
       f"max_len={max_len} and source length {tokens.shape[1]} must be in "
       f"[1, config.max_len={config.max_len}]"
     )
-  common = dict(model=model, params=_unwrap(params), inputs=tokens.astype(np.int32))
-  common["length"] = max_len
-  if method == "sample" and temperature > 0:
-    common.update(rng=rng, top_k=top_k, top_p=top_p)
-  return _run(
-    seq2seq_decode, seq2seq_beam_search, method, temperature, beam_size, alpha, eos_id, **common
-  )
+  sampling = Sampling(rng, temperature, top_k, top_p)
+  args = (model, _unwrap(params), tokens.astype(np.int32))
+  fns = (seq2seq_decode, seq2seq_beam_search)
+  return _run(*fns, args, max_len, method, sampling, beam_size, alpha, eos_id)
