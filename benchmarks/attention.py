@@ -53,10 +53,7 @@ def footprint(compiled) -> tuple[int, int]:
   """(temp bytes, peak bytes) of one call of a compiled executable."""
   m = compiled.memory_analysis()
   peak = (
-    m.argument_size_in_bytes
-    + m.output_size_in_bytes
-    + m.temp_size_in_bytes
-    - m.alias_size_in_bytes
+    m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
   )
   return m.temp_size_in_bytes, peak
 

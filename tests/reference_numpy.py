@@ -385,7 +385,10 @@ def encoder(p_model: Params, tokens, config, segment_ids=None, token_type_ids=No
   positions = _positions(tokens)
   segments = (tokens != 0).astype(int) if segment_ids is None else segment_ids
   x = _add_positions(
-    _embed(p_model["token_embed"]["embedding"], tokens, config), p.get("embedder"), positions, config
+    _embed(p_model["token_embed"]["embedding"], tokens, config),
+    p.get("embedder"),
+    positions,
+    config,
   )
   if config.type_vocab_size:
     types = np.zeros_like(tokens) if token_type_ids is None else token_type_ids

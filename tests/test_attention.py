@@ -118,22 +118,23 @@ def test_gradients_of_every_impl_match_float64_autograd():
   @jax.jit
   def grads(q, k, v, bias):
     def loss(impl, *args):
-      out = dot_product_attention(*args[:3], mask=dense, mask_info=info, bias=args[3],
-                                  impl=impl, chunk_size=3)
+      out = dot_product_attention(
+        *args[:3], mask=dense, mask_info=info, bias=args[3], impl=impl, chunk_size=3
+      )
       return jnp.sum(out * cotangent)
 
     return {impl: jax.grad(loss, argnums=(1, 2, 3, 4))(impl, q, k, v, bias) for impl in IMPLS}
 
   got = grads(q, kk, v, bias)
   tensors = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, kk, v, bias)]
-  full_mask = torch.tensor(ref.reference_mask(np.arange(t), np.arange(t), True, None, seg, seg)
-                           & dense)
+  full_mask = torch.tensor(
+    ref.reference_mask(np.arange(t), np.arange(t), True, None, seg, seg) & dense
+  )
   out = _torch_attention(*tensors[:3], full_mask, tensors[3])
   (out * torch.tensor(cotangent, dtype=torch.float64)).sum().backward()
   for impl in IMPLS:
     for name, g, x in zip("qkvb", got[impl], tensors, strict=True):
-      np.testing.assert_allclose(g, x.grad.numpy(), rtol=1e-4, atol=2e-5,
-                                 err_msg=f"{impl} d{name}")
+      np.testing.assert_allclose(g, x.grad.numpy(), rtol=1e-4, atol=2e-5, err_msg=f"{impl} d{name}")
 
 
 def test_mask_helpers_match_reference():
@@ -141,20 +142,25 @@ def test_mask_helpers_match_reference():
   np.testing.assert_array_equal(
     attn.padding_mask(tokens), (np.asarray(tokens) != 0)[:, None, None, :]
   )
-  np.testing.assert_array_equal(
-    attn.lengths_mask(jnp.array([2, 3]), 4), attn.padding_mask(tokens)
-  )
+  np.testing.assert_array_equal(attn.lengths_mask(jnp.array([2, 3]), 4), attn.padding_mask(tokens))
   idx = np.arange(6)
-  np.testing.assert_array_equal(attn.causal_mask(4, 6, offset=2),
-                                ref.reference_mask(2 + idx[:4], idx, causal=True))
-  np.testing.assert_array_equal(attn.sliding_window_mask(6, 2),
-                                ref.reference_mask(idx, idx, causal=True, window=2))
-  np.testing.assert_array_equal(attn.sliding_window_mask(6, 2, causal=False),
-                                ref.reference_mask(idx, idx, window=2))
+  np.testing.assert_array_equal(
+    attn.causal_mask(4, 6, offset=2), ref.reference_mask(2 + idx[:4], idx, causal=True)
+  )
+  np.testing.assert_array_equal(
+    attn.sliding_window_mask(6, 2), ref.reference_mask(idx, idx, causal=True, window=2)
+  )
+  np.testing.assert_array_equal(
+    attn.sliding_window_mask(6, 2, causal=False), ref.reference_mask(idx, idx, window=2)
+  )
   seg = np.array([[1, 1, 2, 0, 0, 0]])
-  np.testing.assert_array_equal(attn.segment_mask(jnp.asarray(seg), jnp.asarray(seg)),
-                                ref.reference_mask(idx, idx, q_segments=seg, kv_segments=seg))
-  combined = attn.combine_masks(None, attn.causal_mask(6), attn.sliding_window_mask(6, 3, causal=False))
+  np.testing.assert_array_equal(
+    attn.segment_mask(jnp.asarray(seg), jnp.asarray(seg)),
+    ref.reference_mask(idx, idx, q_segments=seg, kv_segments=seg),
+  )
+  combined = attn.combine_masks(
+    None, attn.causal_mask(6), attn.sliding_window_mask(6, 3, causal=False)
+  )
   np.testing.assert_array_equal(combined, ref.reference_mask(idx, idx, True, 3))
   assert attn.combine_masks(None, None) is None
 
@@ -170,8 +176,9 @@ def test_mask_info_blocks_tile_the_full_mask():
 
   full, tiles = blocks(info)
   idx = np.arange(7)
-  np.testing.assert_array_equal(full, ref.reference_mask(idx, idx, True, 3, np.asarray(seg),
-                                                         np.asarray(seg)))
+  np.testing.assert_array_equal(
+    full, ref.reference_mask(idx, idx, True, 3, np.asarray(seg), np.asarray(seg))
+  )
   for bi, i in enumerate((0, 3)):
     for bj, j in enumerate((0, 2, 4)):
       np.testing.assert_array_equal(tiles[bi][bj], np.asarray(full)[..., i : i + 3, j : j + 2])
@@ -214,8 +221,10 @@ def test_attention_dropout_is_reproducible_and_off_when_deterministic():
 
 def _mha_inputs(b=2, t=7, s=9, d=32, seed=0):
   rng = np.random.default_rng(seed)
-  return (rng.standard_normal((b, t, d)).astype(np.float32),
-          rng.standard_normal((b, s, d)).astype(np.float32))
+  return (
+    rng.standard_normal((b, t, d)).astype(np.float32),
+    rng.standard_normal((b, s, d)).astype(np.float32),
+  )
 
 
 @pytest.mark.parametrize(
@@ -226,8 +235,9 @@ def _mha_inputs(b=2, t=7, s=9, d=32, seed=0):
 def test_multi_head_attention_matches_reference(
   tiny_config, random_params, jit_apply, num_kv_heads, cross, impl
 ):
-  c = tiny_config(position="none", num_kv_heads=num_kv_heads, attention_impl=impl,
-                  attention_chunk_size=4)
+  c = tiny_config(
+    position="none", num_kv_heads=num_kv_heads, attention_impl=impl, attention_chunk_size=4
+  )
   x, src = _mha_inputs()
   b, t, s = x.shape[0], x.shape[1], src.shape[1]
   q_idx, kv_idx = np.arange(t), np.arange(s)
@@ -247,17 +257,22 @@ def test_multi_head_attention_matches_reference(
   out = jit_apply(module)(params, x, kv_input, info)
   positions = np.broadcast_to(np.arange(t), (b, t))
   kv_positions = np.broadcast_to(np.arange(s), (b, s))
-  expected = ref.multi_head_attention(ref.to_numpy(params), x.astype(np.float64),
-                                      None if kv_input is None else src.astype(np.float64), c,
-                                      ref_mask, positions, kv_positions, not cross,
-                                      is_cross=cross)
+  expected = ref.multi_head_attention(
+    ref.to_numpy(params),
+    x.astype(np.float64),
+    None if kv_input is None else src.astype(np.float64),
+    c,
+    ref_mask,
+    positions,
+    kv_positions,
+    not cross,
+    is_cross=cross,
+  )
   assert out.shape == x.shape
   np.testing.assert_allclose(out, expected, **TOL)
 
 
-def test_padded_keys_get_zero_weight_and_their_content_changes_nothing(
-  tiny_config, random_params
-):
+def test_padded_keys_get_zero_weight_and_their_content_changes_nothing(tiny_config, random_params):
   c = tiny_config(position="none", num_kv_heads=2)
   x, _ = _mha_inputs()
   seg = np.ones(x.shape[:2], np.int32)
@@ -269,8 +284,9 @@ def test_padded_keys_get_zero_weight_and_their_content_changes_nothing(
 
   @jax.jit
   def run(params, x):
-    out, state = module.apply({"params": params}, x, None, info, return_weights=True,
-                              mutable=["intermediates"])
+    out, state = module.apply(
+      {"params": params}, x, None, info, return_weights=True, mutable=["intermediates"]
+    )
     return out, state["intermediates"]["attention_weights"][0]
 
   out, weights = run(params, x)
@@ -307,10 +323,12 @@ def test_gqa_equals_mha_with_repeated_kv_heads(tiny_config, random_params):
 
   @jax.jit
   def run(p_gqa, repeated, p_mha):
-    return (gqa.apply({"params": p_gqa}, x, None, info),
-            mha.apply({"params": repeated}, x, None, info),
-            mha.apply({"params": p_mha}, x, None, info),
-            mha_explicit.apply({"params": p_mha}, x, None, info))
+    return (
+      gqa.apply({"params": p_gqa}, x, None, info),
+      mha.apply({"params": repeated}, x, None, info),
+      mha.apply({"params": p_mha}, x, None, info),
+      mha_explicit.apply({"params": p_mha}, x, None, info),
+    )
 
   out_gqa, out_repeated, out_mha, out_explicit = run(p_gqa, repeated, p_mha)
   np.testing.assert_allclose(out_gqa, out_repeated, rtol=1e-6, atol=1e-6)

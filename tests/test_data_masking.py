@@ -107,3 +107,12 @@ def test_augment_is_seeded_and_shape_preserving():
   assert any(
     np.array_equal(crop, padded[t : t + 6, left : left + 5]) for t in range(5) for left in range(5)
   )
+
+
+def test_resize_center_crop():
+  im = np.zeros((8, 4, 1), np.uint8)
+  im[2:6] = 200  # the central 4 x 4 block
+  np.testing.assert_array_equal(images.resize_center_crop(im, 4), np.full((4, 4, 1), 200, np.uint8))
+  rgb = np.random.default_rng(0).integers(0, 256, (10, 20, 3), dtype=np.uint8)
+  assert images.resize_center_crop(rgb, 5).shape == (5, 5, 3)
+  assert images.resize_center_crop(rgb, 12).shape == (12, 12, 3)

@@ -69,6 +69,15 @@ def _config(data, name, **changes):
       crop_padding=1,
       horizontal_flip=True,
     ),
+    "image_resized": dict(
+      kind="image",
+      source="idx",
+      path=str(root / "idx"),
+      tokenizer="none",
+      eval_split="test",
+      validation_fraction=0.0,
+      image_size=4,
+    ),
   }[name]
   return DataConfig(data_dir=data["tfds"], **{**base, **changes})
 
@@ -108,6 +117,7 @@ FAMILIES = [
   "seq2seq",
   "seq2seq_padded",
   "image",
+  "image_resized",
 ]
 
 
@@ -154,7 +164,8 @@ def _check_semantics(kind, batches, info):
         assert row[seg == s][-1] == EOS_ID
   else:
     assert b["image"].dtype == np.float32 and abs(float(b["image"].mean())) < 0.5
-    assert info.num_classes == 10 and info.image_shape == (6, 6, 1)
+    size = info.config.image_size or 6
+    assert info.num_classes == 10 and info.image_shape == (size, size, 1)
 
 
 @pytest.mark.parametrize("name", ["lm", "mlm", "seq2seq", "image"])
@@ -282,3 +293,27 @@ def test_worker_processes_give_resumable_batches(data, tmp_path):
   resumed.set_state(state)
   assert _same(_take(resumed, 3), expected)
   resumed.close()
+
+
+def test_presets_point_at_shipped_data():
+  from transformer.data import PRESETS
+
+  for name, cfg in PRESETS.items():
+    assert cfg.resolved_path().exists(), name
+
+
+def test_shakespeare_preset_gives_nanogpt_batches(tmp_path):
+  from transformer.data import PRESETS
+
+  cfg = PRESETS["shakespeare_char"].replace(data_dir=str(tmp_path / "tfds"))
+  train, eval_factory, info = make_datasets(cfg, tmp_path, 12, 64, 0, 0, 1)
+  assert info.vocab_size == 7 + 65  # the 65 characters of tiny shakespeare
+  batch = next(train)
+  assert batch["inputs"].shape == (12, 64) and (batch["weights"] == 1).all()
+  text = info.tokenizer.decode(batch["inputs"][0]) + info.tokenizer.decode(batch["targets"][0][-1:])
+  assert info.tokenizer.decode(batch["targets"][0]) == text[1:]
+  # Validation: the last 10% of the characters, from the next line start on (nanoGPT cuts
+  # at exactly 90%: 111,540 characters; this split has 111,538), in windows of 64.
+  assert info.eval_examples == -(-(111_538 - 1) // 64)
+  targets = sum(int(b["weights"].sum()) for b in eval_factory())
+  assert targets == 111_538 - 1

@@ -21,11 +21,21 @@ PROMPTS = [[5, 7, 9], [11, 3, 4, 8, 10, 12]]  # two lengths in one batch: P = 6
 NEW = 10  # P + NEW = 16 = max_len of the tiny configs
 
 
+LM_VARIANTS = {
+  "rope": dict(position="rope", tie_embeddings=False),
+  "learned": dict(position="learned", scan_layers=True),  # tied; nn.scan: cache axis 1
+  "alibi": dict(position="alibi", tie_embeddings=False),
+  "relative_t5": dict(position="relative_t5", tie_embeddings=False),
+  "relative_shaw": dict(position="relative_shaw", tie_embeddings=False),
+  "window_gqa": dict(position="sinusoidal", sliding_window=3, num_kv_heads=2),
+  "chunked": dict(position="rope", attention_impl="chunked", tie_embeddings=False),
+  "jax_mqa": dict(position="rope", attention_impl="jax", num_kv_heads=1, tie_embeddings=False),
+}
+
+
 @functools.cache
-def _lm(position: str):
-  # RoPE: untied head; learned: tied embeddings and nn.scan over layers (cache axis 1).
-  overrides = {"rope": dict(tie_embeddings=False), "learned": dict(scan_layers=True)}
-  model = DecoderLM(make_tiny_config("decoder", position=position, **overrides[position]))
+def _lm(variant: str):
+  model = DecoderLM(make_tiny_config("decoder", **LM_VARIANTS[variant]))
   return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32))
 
 
@@ -105,9 +115,9 @@ def _cut_at(tokens: np.ndarray, eos: int) -> np.ndarray:
 # Greedy with the cache == full forward.
 
 
-@pytest.mark.parametrize("position", ["rope", "learned"])
-def test_lm_greedy_with_cache_matches_full_forward_at_every_step(position):
-  model, params = _lm(position)
+@pytest.mark.parametrize("variant", list(LM_VARIANTS))
+def test_lm_greedy_with_cache_matches_full_forward_at_every_step(variant):
+  model, params = _lm(variant)
   out = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None)
   tokens = np.asarray(out.tokens)
   argmax, logprobs = _lm_reference(model, params, PROMPTS, tokens)

@@ -32,8 +32,9 @@ def test_norms_match_reference(tiny_config, random_params, jit_apply, norm, eps)
 @pytest.mark.parametrize(
   "activation, use_bias", [("relu", True), ("gelu", False), ("swiglu", True), ("geglu", False)]
 )
-def test_feed_forward_matches_reference(tiny_config, random_params, jit_apply, activation,
-                                        use_bias):
+def test_feed_forward_matches_reference(
+  tiny_config, random_params, jit_apply, activation, use_bias
+):
   c = tiny_config(activation=activation, use_bias=use_bias)
   module = layers.FeedForward(c)
   x = _x()
@@ -108,8 +109,15 @@ def test_block_matches_reference(tiny_config, random_params, jit_apply, name):
   mask = ref.reference_mask(idx, idx, causal, None, seg, seg)
   cross_mask = ref.reference_mask(idx, src_idx, False, None, seg, src_seg) if cross else None
   expected = ref.block(
-    ref.to_numpy(params), x.astype(np.float64), c, mask, np.broadcast_to(idx, (b, t)), causal,
-    None, None if encoded is None else encoded.astype(np.float64), cross_mask,
+    ref.to_numpy(params),
+    x.astype(np.float64),
+    c,
+    mask,
+    np.broadcast_to(idx, (b, t)),
+    causal,
+    None,
+    None if encoded is None else encoded.astype(np.float64),
+    cross_mask,
   )
   assert out.shape == x.shape
   np.testing.assert_allclose(out, expected, **TOL)

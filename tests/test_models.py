@@ -34,11 +34,20 @@ DECODER_CASES = {
   "learned-pre-tied": dict(position="learned", dropout_rate=0.1, attention_dropout_rate=0.1),
   # LLaMA-ish, packed rows, local attention, chunked implementation.
   "rope-post-rms-swiglu-gqa-window-chunked": dict(
-    position="rope", norm_position="post", norm="rmsnorm", activation="swiglu",
-    num_kv_heads=2, tie_embeddings=False, sliding_window=3, attention_impl="chunked",
+    position="rope",
+    norm_position="post",
+    norm="rmsnorm",
+    activation="swiglu",
+    num_kv_heads=2,
+    tie_embeddings=False,
+    sliding_window=3,
+    attention_impl="chunked",
   ),
   "t5-jax-scaled-mqa": dict(
-    position="relative_t5", attention_impl="jax", scale_embeddings=True, num_kv_heads=1,
+    position="relative_t5",
+    attention_impl="jax",
+    scale_embeddings=True,
+    num_kv_heads=1,
   ),
 }
 
@@ -65,8 +74,9 @@ ENCODER_CASES = {
     position="sinusoidal", norm="rmsnorm", activation="swiglu", sliding_window=4
   ),
   "cls-relative_t5-gqa": dict(num_classes=3, position="relative_t5", num_kv_heads=2),
-  "mean-shaw-post-types": dict(num_classes=3, pooling="mean", position="relative_shaw",
-                               norm_position="post", type_vocab_size=3),
+  "mean-shaw-post-types": dict(
+    num_classes=3, pooling="mean", position="relative_shaw", norm_position="post", type_vocab_size=3
+  ),
 }
 
 
@@ -89,11 +99,16 @@ def test_encoder_models_match_reference(tiny_config, random_params, jit_apply, n
 
 SEQ2SEQ_CASES = {
   # Vaswani et al.: sinusoidal, post-LN, ReLU, sqrt(D)-scaled shared embeddings.
-  "vaswani": dict(position="sinusoidal", norm_position="post", activation="relu",
-                  scale_embeddings=True),
+  "vaswani": dict(
+    position="sinusoidal", norm_position="post", activation="relu", scale_embeddings=True
+  ),
   "learned-pre-rms-gqa-untied-1dec": dict(
-    position="learned", norm="rmsnorm", num_kv_heads=2, tie_embeddings=False,
-    num_decoder_layers=1, attention_impl="chunked",
+    position="learned",
+    norm="rmsnorm",
+    num_kv_heads=2,
+    tie_embeddings=False,
+    num_decoder_layers=1,
+    attention_impl="chunked",
   ),
 }
 
@@ -114,8 +129,10 @@ def test_encoder_decoder_matches_reference(tiny_config, random_params, jit_apply
 
 @pytest.mark.parametrize(
   "overrides",
-  [dict(position="learned"),
-   dict(position="sinusoidal", pooling="mean", norm_position="post", norm="rmsnorm")],
+  [
+    dict(position="learned"),
+    dict(position="sinusoidal", pooling="mean", norm_position="post", norm="rmsnorm"),
+  ],
   ids=["cls-learned", "mean-sincos-post"],
 )
 def test_vision_transformer_matches_reference(tiny_config, random_params, jit_apply, overrides):
@@ -268,8 +285,9 @@ def test_decoder_prefill_then_cached_steps_equal_full_forward(tiny_config, rando
 
   @jax.jit
   def step(params, cache, tokens, positions):
-    return model.apply({"params": params, "cache": cache}, tokens, positions, decode=True,
-                       mutable=["cache"])
+    return model.apply(
+      {"params": params, "cache": cache}, tokens, positions, decode=True, mutable=["cache"]
+    )
 
   logits, state = step(params, cache, tokens[:, :prefill], positions[:, :prefill])
   pieces = [logits]
@@ -284,12 +302,13 @@ def test_decoder_prefill_then_cached_steps_equal_full_forward(tiny_config, rando
 
 @pytest.mark.parametrize(
   "overrides",
-  [dict(position="sinusoidal", norm_position="post", activation="relu", scale_embeddings=True),
-   dict(position="relative_t5", num_kv_heads=2, norm="rmsnorm", activation="geglu")],
+  [
+    dict(position="sinusoidal", norm_position="post", activation="relu", scale_embeddings=True),
+    dict(position="relative_t5", num_kv_heads=2, norm="rmsnorm", activation="geglu"),
+  ],
   ids=["vaswani", "t5-gqa"],
 )
-def test_encoder_decoder_cached_decoding_equals_full_forward(tiny_config, random_params,
-                                                             overrides):
+def test_encoder_decoder_cached_decoding_equals_full_forward(tiny_config, random_params, overrides):
   c = tiny_config("seq2seq", **overrides)
   model = EncoderDecoder(c)
   b, total, prefill = 2, 8, 3
@@ -300,26 +319,37 @@ def test_encoder_decoder_cached_decoding_equals_full_forward(tiny_config, random
   decoder_inputs = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], axis=1)
   positions = np.broadcast_to(np.arange(total, dtype=np.int32), (b, total))
   encoded_shape = np.zeros((b, 9, c.d_model), np.float32)
-  cache = _empty_cache(model, encoded_shape, src_seg, np.zeros((b, c.max_len), np.int32),
-                       method=EncoderDecoder.decode)
+  cache = _empty_cache(
+    model, encoded_shape, src_seg, np.zeros((b, c.max_len), np.int32), method=EncoderDecoder.decode
+  )
 
   @jax.jit
   def full_and_encode(params):
-    return (model.apply({"params": params}, inputs, targets),
-            model.apply({"params": params}, inputs, src_seg, method=EncoderDecoder.encode))
+    return (
+      model.apply({"params": params}, inputs, targets),
+      model.apply({"params": params}, inputs, src_seg, method=EncoderDecoder.encode),
+    )
 
   @jax.jit
   def step(params, cache, encoded, tokens, positions):
-    return model.apply({"params": params, "cache": cache}, encoded, src_seg, tokens,
-                       targets_positions=positions, decode=True, mutable=["cache"],
-                       method=EncoderDecoder.decode)
+    return model.apply(
+      {"params": params, "cache": cache},
+      encoded,
+      src_seg,
+      tokens,
+      targets_positions=positions,
+      decode=True,
+      mutable=["cache"],
+      method=EncoderDecoder.decode,
+    )
 
   expected, encoded = full_and_encode(params)
   logits, state = step(params, cache, encoded, decoder_inputs[:, :prefill], positions[:, :prefill])
   pieces = [logits]
   for i in range(prefill, total):
-    logits, state = step(params, state["cache"], encoded, decoder_inputs[:, i : i + 1],
-                         positions[:, i : i + 1])
+    logits, state = step(
+      params, state["cache"], encoded, decoder_inputs[:, i : i + 1], positions[:, i : i + 1]
+    )
     pieces.append(logits)
   np.testing.assert_allclose(np.concatenate(pieces, axis=1), expected, **TOL)
 

@@ -29,8 +29,10 @@ def test_sinusoidal_shift_is_a_fixed_rotation():
     for i in range(d // 2):
       w = k / 10000.0 ** (2 * i / d)
       # [sin(a + w), cos(a + w)] = [[cos w, sin w], [-sin w, cos w]] [sin a, cos a]
-      m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [[math.cos(w), math.sin(w)],
-                                                  [-math.sin(w), math.cos(w)]]
+      m[2 * i : 2 * i + 2, 2 * i : 2 * i + 2] = [
+        [math.cos(w), math.sin(w)],
+        [-math.sin(w), math.cos(w)],
+      ]
     np.testing.assert_allclose(table[:-k] @ m.T, table[k:], atol=1e-5)
     np.testing.assert_allclose(m @ m.T, np.eye(d), atol=1e-12)  # a rotation
 
@@ -149,8 +151,13 @@ def test_shaw_relative_logits_clip_the_distance():
 
 @pytest.mark.parametrize(
   "position, causal",
-  [("rope", True), ("alibi", False), ("relative_t5", False), ("relative_t5", True),
-   ("relative_shaw", True)],
+  [
+    ("rope", True),
+    ("alibi", False),
+    ("relative_t5", False),
+    ("relative_t5", True),
+    ("relative_shaw", True),
+  ],
 )
 def test_attention_with_each_relative_kind_matches_reference(
   tiny_config, random_params, jit_apply, position, causal
@@ -174,7 +181,14 @@ def test_attention_with_each_relative_kind_matches_reference(
   idx = np.arange(t)
   mask = ref.reference_mask(idx, idx, causal, None, seg, seg)
   expected = ref.multi_head_attention(
-    ref.to_numpy(params), x.astype(np.float64), None, c, mask, positions, positions, causal,
+    ref.to_numpy(params),
+    x.astype(np.float64),
+    None,
+    c,
+    mask,
+    positions,
+    positions,
+    causal,
     None if rel_table is None else rel_table.astype(np.float64),
   )
   np.testing.assert_allclose(out, expected, **TOL)

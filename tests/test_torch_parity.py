@@ -30,8 +30,9 @@ def _load_mha(torch_mha: torch.nn.MultiheadAttention, p) -> None:
     torch_mha.in_proj_weight.copy_(
       torch.cat([_t(p[n]["kernel"]).reshape(d, -1).T for n in ("query", "key", "value")])
     )
-    torch_mha.in_proj_bias.copy_(torch.cat([_t(p[n]["bias"]).reshape(-1) for n in
-                                            ("query", "key", "value")]))
+    torch_mha.in_proj_bias.copy_(
+      torch.cat([_t(p[n]["bias"]).reshape(-1) for n in ("query", "key", "value")])
+    )
     torch_mha.out_proj.weight.copy_(_t(p["out"]["kernel"]).reshape(-1, d).T)
     torch_mha.out_proj.bias.copy_(_t(p["out"]["bias"]))
 
@@ -86,9 +87,14 @@ def test_multi_head_attention_matches_torch(tiny_config, random_params, jit_appl
   _load_mha(torch_mha, params)
   kv_t = _t(memory if cross else x)
   with torch.no_grad():
-    theirs, _ = torch_mha(_t(x), kv_t, kv_t, key_padding_mask=torch.tensor(key_padding),
-                          attn_mask=None if attn_mask is None else torch.tensor(attn_mask),
-                          need_weights=False)
+    theirs, _ = torch_mha(
+      _t(x),
+      kv_t,
+      kv_t,
+      key_padding_mask=torch.tensor(key_padding),
+      attn_mask=None if attn_mask is None else torch.tensor(attn_mask),
+      need_weights=False,
+    )
   diff = _max_diff_on_real_rows(ours, theirs, np.ones_like(seg) if cross else seg)
   assert diff <= ATOL, diff
 
@@ -114,8 +120,12 @@ def test_grouped_query_attention_matches_torch_sdpa():
 def test_encoder_block_matches_torch_encoder_layer(
   tiny_config, random_params, jit_apply, norm_first, activation
 ):
-  c = tiny_config(position="none", norm_position="pre" if norm_first else "post",
-                  activation=activation, norm_eps=1e-6)
+  c = tiny_config(
+    position="none",
+    norm_position="pre" if norm_first else "post",
+    activation=activation,
+    norm_eps=1e-6,
+  )
   x, _, seg, _ = _inputs(seed=2)
   info = MaskInfo.create(jnp.asarray(seg))  # bidirectional, padding masked
   module = Block(c)
@@ -123,8 +133,14 @@ def test_encoder_block_matches_torch_encoder_layer(
   ours = jit_apply(module)(params, x, info)
 
   layer = torch.nn.TransformerEncoderLayer(
-    D, c.num_heads, c.d_ff, dropout=0.0, activation=activation, layer_norm_eps=c.norm_eps,
-    batch_first=True, norm_first=norm_first,
+    D,
+    c.num_heads,
+    c.d_ff,
+    dropout=0.0,
+    activation=activation,
+    layer_norm_eps=c.norm_eps,
+    batch_first=True,
+    norm_first=norm_first,
   ).eval()
   _load_mha(layer.self_attn, params["self_attention"])
   _load_linear(layer.linear1, params["ffn"]["wi"])
@@ -141,8 +157,9 @@ def test_encoder_block_matches_torch_encoder_layer(
 def test_decoder_block_matches_torch_decoder_layer(
   tiny_config, random_params, jit_apply, norm_first, activation
 ):
-  c = tiny_config(position="none", norm_position="pre" if norm_first else "post",
-                  activation=activation)
+  c = tiny_config(
+    position="none", norm_position="pre" if norm_first else "post", activation=activation
+  )
   x, memory, seg, src_seg = _inputs(seed=3)
   info = MaskInfo.create(jnp.asarray(seg), causal=True)
   cross_info = MaskInfo.create(jnp.asarray(seg), jnp.asarray(src_seg))
@@ -151,8 +168,14 @@ def test_decoder_block_matches_torch_decoder_layer(
   ours = jit_apply(module)(params, x, info, memory, cross_info)
 
   layer = torch.nn.TransformerDecoderLayer(
-    D, c.num_heads, c.d_ff, dropout=0.0, activation=activation, layer_norm_eps=c.norm_eps,
-    batch_first=True, norm_first=norm_first,
+    D,
+    c.num_heads,
+    c.d_ff,
+    dropout=0.0,
+    activation=activation,
+    layer_norm_eps=c.norm_eps,
+    batch_first=True,
+    norm_first=norm_first,
   ).eval()
   _load_mha(layer.self_attn, params["self_attention"])
   _load_mha(layer.multihead_attn, params["cross_attention"])
@@ -163,8 +186,12 @@ def test_decoder_block_matches_torch_decoder_layer(
   _load_norm(layer.norm3, params["ffn_norm"])
   causal = torch.nn.Transformer.generate_square_subsequent_mask(T).isinf()  # True = blocked
   with torch.no_grad():
-    theirs = layer(_t(x), _t(memory), tgt_mask=causal,
-                   tgt_key_padding_mask=torch.tensor(seg == 0),
-                   memory_key_padding_mask=torch.tensor(src_seg == 0))
+    theirs = layer(
+      _t(x),
+      _t(memory),
+      tgt_mask=causal,
+      tgt_key_padding_mask=torch.tensor(seg == 0),
+      memory_key_padding_mask=torch.tensor(src_seg == 0),
+    )
   diff = _max_diff_on_real_rows(ours, theirs, seg)
   assert diff <= ATOL, diff

@@ -147,11 +147,26 @@ def _validate(c: ModelConfig) -> None:
     _fail("rope_theta", c.rope_theta, "must be > 0")
   if c.attention_chunk_size <= 0:
     _fail("attention_chunk_size", c.attention_chunk_size, "must be > 0")
-  if c.position == "relative_t5" and (c.relative_num_buckets < 2 or c.relative_max_distance < 2):
-    _fail("relative_num_buckets", c.relative_num_buckets, "T5 buckets and max distance >= 2")
+  if c.position == "relative_t5":
+    # Buckets split per direction, then half exact: max_exact = buckets // 4 (encoder) or
+    # buckets // 2 (decoder), and the log-spaced buckets need max_distance > max_exact.
+    if c.relative_num_buckets < 4:
+      _fail("relative_num_buckets", c.relative_num_buckets, "T5 needs at least 4 buckets")
+    if c.relative_max_distance <= c.relative_num_buckets // 2:
+      _fail(
+        "relative_max_distance",
+        c.relative_max_distance,
+        f"must exceed relative_num_buckets // 2 = {c.relative_num_buckets // 2}",
+      )
   if c.position == "relative_shaw" and c.shaw_max_distance < 1:
     _fail("shaw_max_distance", c.shaw_max_distance, "must be >= 1")
   if c.family == "vit":
+    for field in ("image_size", "patch_size", "num_channels"):
+      value = getattr(c, field)
+      if not isinstance(value, int) or value <= 0:
+        _fail(field, value, "must be a positive integer")
+    if c.position == "sinusoidal" and c.d_model % 4:
+      _fail("position", c.position, f"2-D sin-cos needs d_model divisible by 4, got {c.d_model}")
     if c.image_size % c.patch_size:
       _fail("image_size", c.image_size, f"must be divisible by patch_size={c.patch_size}")
     if c.num_classes <= 0:
@@ -324,12 +339,13 @@ def _norm_params(c: ModelConfig) -> int:
   return 2 * c.d_model if c.norm == "layernorm" else c.d_model
 
 
-def _attention_params(c: ModelConfig) -> int:
+def _attention_params(c: ModelConfig, is_cross: bool = False) -> int:
   q_out, kv_out = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
   weights = c.d_model * q_out + 2 * c.d_model * kv_out + q_out * c.d_model
   biases = (q_out + 2 * kv_out + c.d_model) if c.use_bias else 0
-  shaw = (2 * c.shaw_max_distance + 1) * c.head_dim if c.position == "relative_shaw" else 0
-  return weights + biases + shaw
+  # Shaw relative keys exist in self-attention only (cross-attention has no positions).
+  shaw = c.position == "relative_shaw" and not is_cross
+  return weights + biases + ((2 * c.shaw_max_distance + 1) * c.head_dim if shaw else 0)
 
 
 def _ffn_params(c: ModelConfig) -> int:
@@ -340,7 +356,8 @@ def _ffn_params(c: ModelConfig) -> int:
 
 
 def _stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
-  per_layer = (2 + cross) * _norm_params(c) + (1 + cross) * _attention_params(c) + _ffn_params(c)
+  attention = _attention_params(c) + (_attention_params(c, is_cross=True) if cross else 0)
+  per_layer = (2 + cross) * _norm_params(c) + attention + _ffn_params(c)
   final_norm = _norm_params(c) if c.norm_position == "pre" else 0
   t5_bias = c.relative_num_buckets * c.num_heads if c.position == "relative_t5" else 0
   return layers * per_layer + final_norm + t5_bias

@@ -43,7 +43,7 @@ class DataConfig:
   tokenizer: str = "char"  # char | byte | sentencepiece | none (images)
   vocab_size: int = 8000  # sentencepiece vocabulary size (char / byte: fixed by the data)
   spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe
-  tokenizer_train_examples: int = 1_000_000  # records (evenly spaced) used to train the tokenizer
+  tokenizer_train_examples: int = 300_000  # records (evenly spaced) the tokenizer is trained on
   target_seq_len: int | None = None  # seq2seq target length T; None = seq_len (inputs length S)
   windows: bool | None = None  # lm/mlm from a token stream; None = True for source 'text'
   packing: bool = True  # pack examples into rows (lm without windows, mlm, seq2seq training)
@@ -52,6 +52,7 @@ class DataConfig:
   overlong: str = "truncate"  # example longer than the row: truncate | skip | error (counted)
   image_mean: tuple[float, ...] | None = None  # per-channel mean on [0, 1]; None = from train
   image_std: tuple[float, ...] | None = None  # per-channel std on [0, 1]; None = from train
+  image_size: int | None = None  # resize + centre-crop images to this square; None = as stored
   crop_padding: int = 0  # image training: random crop after zero padding by this many pixels
   horizontal_flip: bool = False  # image training: random left-right flips
   eval_batch_size: int | None = None  # None = the training batch size
@@ -95,6 +96,8 @@ class DataConfig:
       raise ValueError(f"DataConfig.mask_rate must lie in (0, 1), got {self.mask_rate}")
     if self.vocab_size < 16:
       raise ValueError(f"DataConfig.vocab_size must be >= 16, got {self.vocab_size}")
+    if self.image_size is not None and self.image_size < 1:
+      raise ValueError(f"DataConfig.image_size must be positive, got {self.image_size}")
     if self.num_workers < 0 or self.prefetch < 1 or self.crop_padding < 0:
       raise ValueError("DataConfig: num_workers and crop_padding must be >= 0, prefetch >= 1")
 
@@ -131,8 +134,8 @@ class DataConfig:
 
 _BIBLE = "data/bible_kjv_rv1909_en_es.tsv.gz"
 PRESETS: dict[str, DataConfig] = {
-  # nanoGPT's character-level shakespeare; validation = 5% after the first 90% of characters.
-  "shakespeare_char": DataConfig(),
+  # nanoGPT's character-level shakespeare: the last 10% of the characters for validation.
+  "shakespeare_char": DataConfig(validation_fraction=0.1, test_fraction=0.0),
   "shakespeare_spm": DataConfig(tokenizer="sentencepiece", vocab_size=2048),
   "shakespeare_mlm": DataConfig(kind="mlm", tokenizer="sentencepiece", vocab_size=2048),
   "bible_en_es": DataConfig(

@@ -175,6 +175,7 @@ def _image(c: _Context, train: bool, b: int) -> grain.IterDataset:
     crop_padding=c.cfg.crop_padding,
     flip=c.cfg.horizontal_flip,
     label_key=c.label_key,
+    image_size=c.cfg.image_size,
     **c.common(),
   )
 
@@ -232,6 +233,10 @@ def make_datasets(
   c = _Context(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
   windows = cfg.uses_windows and cfg.kind in ("lm", "mlm")
   if cfg.kind == "image":
+    if cfg.image_size:
+      splits.image_shape = (cfg.image_size, cfg.image_size, splits.image_shape[-1])
+    if None in splits.image_shape:
+      raise ValueError(f"{splits.name}: images vary in size {splits.image_shape}; set image_size")
     c.image_mean, c.image_std, stats = _image_stats(cfg, splits)
   else:
     c.tok = sources.tokenizer_for(cfg, splits, workdir)

@@ -240,6 +240,7 @@ class Image:
   flip: bool = False
   image_key: str = "image"
   label_key: str = "label"
+  image_size: int | None = None  # resize + centre crop to [S, S] first (varying sizes)
 
   def __call__(
     self, item: tuple[int, Record], rng: np.random.Generator | None = None
@@ -248,6 +249,8 @@ class Image:
     image = np.asarray(record[self.image_key])
     if image.ndim == 2:
       image = image[..., None]  # [H, W, 1]
+    if self.image_size:
+      image = images.resize_center_crop(image, self.image_size)  # [S, S, C]
     if rng is not None:
       image = images.augment(image, rng, self.crop_padding, self.flip)
     return {

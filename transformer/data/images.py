@@ -32,6 +32,21 @@ def normalize(image: np.ndarray, mean: Sequence[float], std: Sequence[float]) ->
   return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
 
 
+def resize_center_crop(image: np.ndarray, size: int) -> np.ndarray:
+  """uint8 [H, W, C] -> uint8 [size, size, C]: shorter side to `size` (bicubic), centre crop."""
+  from PIL import Image  # Pillow; only needed when images are resized.
+
+  h, w, c = image.shape
+  if (h, w) == (size, size):
+    return image
+  scale = size / min(h, w)
+  nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+  pil = Image.fromarray(image[..., 0] if c == 1 else image)
+  resized = np.asarray(pil.resize((nw, nh), Image.Resampling.BICUBIC)).reshape(nh, nw, c)
+  top, left = (nh - size) // 2, (nw - size) // 2
+  return resized[top : top + size, left : left + size]  # [size, size, C]
+
+
 def random_crop(image: np.ndarray, padding: int, rng: np.random.Generator) -> np.ndarray:
   """Zero-pads `padding` pixels on each side, then crops back to [H, W] at a random offset."""
   if padding <= 0:

@@ -373,10 +373,17 @@ def image_dataset(
   flip: bool = False,
   image_key: str = "image",
   label_key: str = "label",
+  image_size: int | None = None,
   loader: Loader = Loader(),
 ) -> grain.IterDataset:
-  """Image classification batches (keys `BATCH_KEYS['image']`); augmentation when training."""
-  transform = features.Image(tuple(mean), tuple(std), crop_padding, flip, image_key, label_key)
+  """Image classification batches (keys `BATCH_KEYS['image']`); augmentation when training.
+
+  `image_size` first resizes (shorter side) and centre-crops every image to a square,
+  for datasets whose images differ in size.
+  """
+  transform = features.Image(
+    tuple(mean), tuple(std), crop_padding, flip, image_key, label_key, image_size
+  )
   if not train:
     return _eval_batches(_records(source, loader).map(transform), len(source), batch_size, loader)
   ds = _shuffled(_records(source, loader), seed, loader)

@@ -227,7 +227,9 @@ class SentencePieceTokenizer(Tokenizer):
     )
     tok = cls(model.getvalue())
     if tok.vocab_size < vocab_size:
-      logging.warning("SentencePiece: the text supports %d pieces, not %d", tok.vocab_size, vocab_size)
+      logging.warning(
+        "SentencePiece: the text supports %d pieces, not %d", tok.vocab_size, vocab_size
+      )
     return tok
 
   @property

@@ -1,0 +1,150 @@
+"""ModelConfig: validation at construction (field, value and rule in the message), helpers,
+named sizes and the FLOP formula."""
+
+import dataclasses
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from transformer.config import NAMED_SIZES, ModelConfig, flops_per_token, named, param_count
+from transformer.models import build_model
+
+VIT = dict(family="vit", num_classes=10, image_size=32, patch_size=8, max_len=17)
+
+# (overrides, field named in the message, a phrase of the rule)
+BAD = [
+  (dict(d_model=30, num_heads=4), "d_model", "divisible by num_heads=4"),
+  (dict(num_heads=4, num_kv_heads=3), "num_kv_heads", "must divide num_heads=4"),
+  (dict(num_heads=4, num_kv_heads=8), "num_kv_heads", "must divide num_heads=4"),
+  (dict(num_kv_heads=0), "num_kv_heads", "positive integer or None"),
+  (dict(position="absolute"), "position", "must be one of sinusoidal, learned, rope"),
+  (dict(norm="batchnorm"), "norm", "must be one of layernorm, rmsnorm"),
+  (dict(norm_position="middle"), "norm_position", "must be one of pre, post"),
+  (dict(activation="tanh"), "activation", "must be one of relu, gelu, swiglu, geglu"),
+  (dict(family="rnn"), "family", "must be one of"),
+  (dict(attention_impl="flash"), "attention_impl", "must be one of xla, jax, chunked"),
+  (dict(dtype="float64"), "dtype", "must be one of"),
+  (dict(pooling="max"), "pooling", "must be one of cls, mean"),
+  (dict(remat_policy="some"), "remat_policy", "must be one of"),
+  (dict(d_model=-32), "d_model", "positive integer"),
+  (dict(vocab_size=0), "vocab_size", "positive integer"),
+  (dict(num_layers=0), "num_layers", "positive integer"),
+  (dict(num_heads=0), "num_heads", "positive integer"),
+  (dict(d_ff=-1), "d_ff", "positive integer"),
+  (dict(max_len=0), "max_len", "positive integer"),
+  (dict(d_model=32.0), "d_model", "positive integer"),
+  (dict(num_decoder_layers=-1), "num_decoder_layers", "positive integer or None"),
+  (dict(sliding_window=0), "sliding_window", "positive integer or None"),
+  (dict(type_vocab_size=-1, family="encoder"), "type_vocab_size", ">= 0"),
+  (dict(num_classes=-2), "num_classes", ">= 0"),
+  (dict(dropout_rate=1.0), "dropout_rate", "in [0, 1)"),
+  (dict(attention_dropout_rate=-0.1), "attention_dropout_rate", "in [0, 1)"),
+  (dict(norm_eps=0.0), "norm_eps", "> 0"),
+  (dict(position="rope", d_model=20, num_heads=4), "position", "even head_dim, got 5"),
+  (dict(position="sinusoidal", d_model=33, num_heads=3), "position", "even d_model"),
+  (dict(rope_theta=0.0), "rope_theta", "> 0"),
+  (dict(attention_chunk_size=0), "attention_chunk_size", "> 0"),
+  (dict(position="relative_t5", relative_num_buckets=2), "relative_num_buckets", "at least 4"),
+  (
+    dict(position="relative_t5", relative_num_buckets=32, relative_max_distance=16),
+    "relative_max_distance",
+    "exceed relative_num_buckets // 2 = 16",
+  ),
+  (dict(position="relative_shaw", shaw_max_distance=0), "shaw_max_distance", ">= 1"),
+  (dict(VIT, image_size=30), "image_size", "divisible by patch_size=8"),
+  (dict(VIT, patch_size=0), "patch_size", "positive integer"),
+  (dict(VIT, patch_size=-8), "patch_size", "positive integer"),
+  (dict(VIT, num_channels=0), "num_channels", "positive integer"),
+  (dict(VIT, num_classes=0), "num_classes", "num_classes > 0"),
+  (dict(VIT, position="rope"), "position", "ViT supports learned, sinusoidal"),
+  (dict(VIT, position="sinusoidal", d_model=18, num_heads=2), "position", "divisible by 4"),
+  (dict(VIT, max_len=16), "max_len", "must be >= 17 image tokens"),
+  (dict(type_vocab_size=2), "type_vocab_size", "for the encoder family"),
+]
+
+
+@pytest.mark.parametrize(
+  "overrides, field, rule", BAD, ids=[f"{b[1]}-{i}" for i, b in enumerate(BAD)]
+)
+def test_invalid_config_raises_naming_field_value_and_rule(overrides, field, rule):
+  value = overrides[field] if field in overrides else {**VIT, **overrides}.get(field)
+  with pytest.raises(ValueError) as error:
+    ModelConfig(**overrides)
+  message = str(error.value)
+  assert message.startswith(f"ModelConfig.{field}={value!r}: "), message
+  assert rule in message, message
+
+
+def test_replace_validates_too():
+  c = ModelConfig()
+  with pytest.raises(ValueError, match=re.escape("ModelConfig.d_model=128: must be divisible")):
+    c.replace(num_heads=3)
+  assert c.replace(d_model=64).d_model == 64 and c.d_model == 128  # frozen original
+
+
+def test_config_is_frozen_and_round_trips_through_a_dict():
+  c = ModelConfig(num_kv_heads=2, position="rope")
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    c.d_model = 64
+  assert ModelConfig(**c.to_dict()) == c
+  assert hash(c) == hash(ModelConfig(**c.to_dict()))
+
+
+def test_derived_sizes():
+  c = ModelConfig(d_model=96, num_heads=6, num_kv_heads=2, num_layers=3, activation="swiglu")
+  assert (c.head_dim, c.kv_heads, c.decoder_layers, c.gated) == (16, 2, 3, True)
+  assert ModelConfig(num_heads=4).kv_heads == 4
+  assert ModelConfig(num_decoder_layers=5).decoder_layers == 5
+  assert ModelConfig(**VIT).num_patches == 16
+
+
+def test_named_sizes_apply_overrides_and_reject_unknown_names():
+  c = named("gpt2_small", dropout_rate=0.0)
+  assert (c.d_model, c.num_layers, c.dropout_rate) == (768, 12, 0.0)
+  with pytest.raises(ValueError, match="unknown model size 'gpt5'"):
+    named("gpt5")
+  for name in NAMED_SIZES:  # every named size is itself valid
+    assert named(name).family in ("encoder", "decoder", "seq2seq", "vit")
+
+
+def _matmul_flops_per_token(c: ModelConfig, seq_len: int) -> float:
+  """Forward matmul FLOPs per token counted from the built model's weight shapes.
+
+  2 FLOPs per weight of every projection a token passes through (attention, FFN, output
+  logits = embedding table when tied), plus 4 * T * N * H per layer for q.k and p.v.
+  """
+  model = build_model(c)
+  tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), tokens))["params"]
+  flat = jax.tree_util.tree_flatten_with_path(shapes)[0]
+  weights = sum(
+    math.prod(leaf.shape)
+    for path, leaf in flat
+    if jax.tree_util.keystr(path).endswith("['kernel']")
+  )
+  if c.tie_embeddings:
+    weights += c.vocab_size * c.d_model
+  return 2.0 * weights + 4.0 * seq_len * c.num_heads * c.head_dim * c.num_layers
+
+
+@pytest.mark.parametrize(
+  "overrides",
+  [dict(), dict(num_kv_heads=2, activation="swiglu", tie_embeddings=False)],
+  ids=["gpt", "gqa-swiglu-untied"],
+)
+def test_flops_per_token_counts_every_matmul_of_a_decoder(overrides):
+  c = ModelConfig(family="decoder", vocab_size=100, d_model=64, num_heads=4, d_ff=96, **overrides)
+  expected = _matmul_flops_per_token(c, seq_len=50)
+  assert flops_per_token(c, 50, training=False) == pytest.approx(expected, rel=1e-12)
+  assert flops_per_token(c, 50) == pytest.approx(3 * expected, rel=1e-12)
+
+
+def test_flops_are_about_six_times_the_parameters_for_gpt2():
+  """The 6N rule (Kaplan et al. 2020) holds for GPT-2 small at short context."""
+  c = named("gpt2_small")
+  non_embedding = param_count(c) - c.vocab_size * c.d_model - c.max_len * c.d_model
+  ratio = flops_per_token(c, 128) / (6 * (non_embedding + c.vocab_size * c.d_model))
+  assert 0.95 < ratio < 1.1, ratio
