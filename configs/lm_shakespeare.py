@@ -21,7 +21,7 @@ def get_config(arg=None):
   m.num_heads = 4  # attention heads
   m.num_layers = 4  # blocks
   m.d_ff = 512  # 4 * d_model
-  m.max_len = 256  # longest context the model can take (training uses seq_len)
+  m.max_len = 64  # nanoGPT block_size: positions beyond the trained context stay untrained
   m.position = "learned"  # GPT-2 style absolute positions
   m.dropout_rate = 0.0  # nanoGPT CPU recipe: no dropout
   d = config.data
@@ -31,6 +31,7 @@ def get_config(arg=None):
   d.tokenizer = "char"  # character vocabulary
   d.validation_fraction = 0.1  # last 10% of the text for validation (as nanoGPT)
   d.test_fraction = 0.0  # no test split
+  d.eval_batch_size = 128  # rows per evaluation batch (larger batches evaluate faster)
   config.optimizer.b2 = 0.99  # nanoGPT: betas (0.9, 0.99)
   config.optimizer.eps = 1e-8  # AdamW epsilon
   config.optimizer.weight_decay = 0.1  # decoupled, not on biases / norms / embeddings
@@ -44,7 +45,7 @@ def get_config(arg=None):
   config.seq_len = 64  # context length
   config.log_every = 100  # console / TensorBoard interval
   config.eval_every = 500  # validation interval
-  config.eval_batches = 50  # validation batches per evaluation
+  config.eval_batches = 0  # 0 = the whole validation split (111,538 characters)
   config.checkpoint_every = 500  # checkpoint interval
-  config.sample_tokens = 300  # characters sampled at the end
+  config.sample_tokens = 63  # characters sampled at the end (fills the 64-character context)
   return config

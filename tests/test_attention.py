@@ -26,14 +26,14 @@ def _qkv(b, t, s, n, k, h, seed=0):
   return q, kk, v
 
 
-def _all_impls(chunk_size, **static):
+def _all_impls(chunk_size):
   """One compiled function returning every implementation's output (one compile per case)."""
 
   @jax.jit
   def run(q, k, v, mask, info, bias):
     return {
       impl: dot_product_attention(
-        q, k, v, mask=mask, mask_info=info, bias=bias, impl=impl, chunk_size=chunk_size, **static
+        q, k, v, mask=mask, mask_info=info, bias=bias, impl=impl, chunk_size=chunk_size
       )
       for impl in IMPLS
     }

@@ -1,8 +1,9 @@
 """Decoding on the KV cache against full forward passes, exhaustive search and NumPy.
 
-Tiny random float32 models, dropout 0. The references never use the cache: one
-teacher-forced forward pass over prompt + generated tokens gives, at each position t,
-the logits of the prefix [:t + 1] (the model is causal), so it checks every step.
+Tiny random float32 models, dropout 0. The references never use the cache: a DecoderLM
+step is checked against a forward pass over exactly that step's prefix; an
+EncoderDecoder step against the teacher-forced pass over the generated targets (causal:
+position t sees the targets before t only).
 """
 
 import functools
@@ -27,7 +28,7 @@ LM_VARIANTS = {
   "alibi": dict(position="alibi", tie_embeddings=False),
   "relative_t5": dict(position="relative_t5", tie_embeddings=False),
   "relative_shaw": dict(position="relative_shaw", tie_embeddings=False),
-  "window_gqa": dict(position="sinusoidal", sliding_window=3, num_kv_heads=2),
+  "window_gqa": dict(position="sinusoidal", sliding_window=3, num_kv_heads=2, tie_embeddings=False),
   "chunked": dict(position="rope", attention_impl="chunked", tie_embeddings=False),
   "jax_mqa": dict(position="rope", attention_impl="jax", num_kv_heads=1, tie_embeddings=False),
 }
@@ -67,7 +68,7 @@ def _tiny_vocab_s2s():
 
 @functools.partial(jax.jit, static_argnums=0)
 def _lm_logprobs(model, params, tokens, segments):
-  """No cache: tokens [N, T] (real tokens from column 0, then segment 0) -> [N, T, V]."""
+  """No cache: tokens [N, T] (real tokens from column 0, then pads of segment 0) -> [N, T, V]."""
   return jax.nn.log_softmax(model.apply({"params": params}, tokens, None, segments))
 
 
@@ -79,19 +80,20 @@ def _s2s_logprobs(model, params, inputs, targets):
 
 
 def _lm_reference(model, params, prompts, generated, width=16):
-  """Per row and generated token: the full-forward argmax [B, L] and log-prob [B, L]."""
-  tokens = np.zeros((len(prompts), width), np.int32)
+  """Per row and generated token: argmax [B, L] and log-prob [B, L] of a full forward pass
+  over that token's own prefix (prompt + the tokens before it), all prefixes in one batch.
+  """
+  pairs = zip(prompts, generated, strict=True)
+  prefixes = [list(p) + list(g[:j]) for p, g in pairs for j in range(len(g))]
+  tokens = np.zeros((len(prefixes), width), np.int32)  # right-padded, segment 0
   segments = np.zeros_like(tokens)
-  for i, (prompt, new) in enumerate(zip(prompts, generated, strict=True)):
-    row = list(prompt) + list(new)
+  for i, row in enumerate(prefixes):
     tokens[i, : len(row)], segments[i, : len(row)] = row, 1
-  logprobs = np.asarray(_lm_logprobs(model, params, tokens, segments))
-  argmax, chosen = [], []
-  for i, (prompt, new) in enumerate(zip(prompts, generated, strict=True)):
-    at = len(prompt) - 1 + np.arange(len(new))  # positions that predict the new tokens
-    argmax.append(logprobs[i, at].argmax(-1))
-    chosen.append(logprobs[i, at, np.asarray(new)])
-  return np.stack(argmax), np.stack(chosen)
+  logprobs = np.asarray(_lm_logprobs(model, params, tokens, segments))  # [B * L, T, V]
+  last = logprobs[np.arange(len(prefixes)), [len(row) - 1 for row in prefixes]]  # [B * L, V]
+  last = last.reshape(len(prompts), -1, last.shape[-1])  # [B, L, V]
+  chosen = np.take_along_axis(last, np.asarray(generated)[..., None], -1)[..., 0]
+  return last.argmax(-1), chosen
 
 
 def _first_new_token(row: np.ndarray) -> tuple[int, int]:
@@ -140,7 +142,7 @@ def test_rows_stop_at_their_own_eos_and_emit_pad():
   assert out.lengths[0] == step + 1 and out.tokens[0, step] == eos
   _, logprobs = _lm_reference(model, params, PROMPTS, free)
   np.testing.assert_allclose(
-    out.scores, np.where(want != 0, logprobs, 0).sum(-1), rtol=1e-5, atol=1e-5
+    out.scores, np.where(np.arange(NEW) < out.lengths[:, None], logprobs, 0).sum(-1), rtol=1e-5
   )
 
 

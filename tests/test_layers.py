@@ -8,6 +8,7 @@ import reference_numpy as ref
 from transformer import layers
 from transformer.attention import MaskInfo
 from transformer.blocks import Block, shift_right
+from transformer.config import gated_hidden_size
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -47,8 +48,6 @@ def test_feed_forward_matches_reference(
 
 
 def test_gated_hidden_size_is_two_thirds_of_4d_rounded():
-  from transformer.config import gated_hidden_size
-
   assert gated_hidden_size(4096) == 11008  # LLaMA-7B
   assert gated_hidden_size(768, multiple_of=1) == 2048
   assert gated_hidden_size(100, multiple_of=64) == 320
@@ -77,29 +76,36 @@ def test_shift_right_starts_every_segment_from_zero():
 
 # Each case covers several options at once; together: pre/post, with/without cross-attention,
 # layernorm/rmsnorm, MHA/GQA, every FFN activation kind, bias on/off, a position kind.
+# name: (overrides, cross-attention, causal self-attention)
 BLOCK_CASES = {
-  "pre-self-layernorm-gelu": dict(norm_position="pre", activation="gelu"),
-  "post-self-rmsnorm-relu-gqa-alibi": dict(
-    norm_position="post", norm="rmsnorm", activation="relu", num_kv_heads=2, position="alibi"
+  "pre-encoder-layernorm-gelu": (dict(norm_position="pre", activation="gelu"), False, False),
+  "post-causal-rmsnorm-relu-gqa-alibi": (
+    dict(norm_position="post", norm="rmsnorm", activation="relu", num_kv_heads=2, position="alibi"),
+    False,
+    True,
   ),
-  "pre-cross-rmsnorm-swiglu-rope": dict(
-    norm_position="pre", norm="rmsnorm", activation="swiglu", position="rope", use_bias=False
+  "pre-cross-rmsnorm-swiglu-rope-nobias": (
+    dict(norm_position="pre", norm="rmsnorm", activation="swiglu", position="rope", use_bias=False),
+    True,
+    True,
   ),
-  "post-cross-layernorm-geglu-mqa": dict(norm_position="post", activation="geglu", num_kv_heads=1),
+  "post-cross-layernorm-geglu-mqa": (
+    dict(norm_position="post", activation="geglu", num_kv_heads=1),
+    True,
+    True,
+  ),
 }
 
 
 @pytest.mark.parametrize("name", list(BLOCK_CASES))
 def test_block_matches_reference(tiny_config, random_params, jit_apply, name):
-  c = tiny_config(**BLOCK_CASES[name])
-  cross = "cross" in name
+  overrides, cross, causal = BLOCK_CASES[name]
+  c = tiny_config(**overrides)
   b, t, s = 2, 6, 7
   x = _x((b, t, c.d_model), seed=1)
   encoded = _x((b, s, c.d_model), seed=2) if cross else None
   seg = np.array([[1, 1, 1, 1, 1, 0], [1] * 6], np.int32)
   src_seg = np.array([[1] * 7, [1, 1, 1, 1, 0, 0, 0]], np.int32)
-  # Decoder blocks are causal; an encoder block sees both ways.
-  causal = cross or "alibi" in name
   info = MaskInfo.create(jnp.asarray(seg), causal=causal)
   cross_info = MaskInfo.create(jnp.asarray(seg), jnp.asarray(src_seg)) if cross else None
   module = Block(c, cross_attention=cross)

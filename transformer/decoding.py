@@ -25,7 +25,9 @@ one. Every row's last prompt token sits in column P - 1, so all rows share the c
 index. Hence the longest prompt bounds the batch: P + max_new_tokens <= config.max_len.
 An EncoderDecoder starts every row from PAD (0) at position 0, as `shift_right` does.
 
-Rows stop independently at `eos_id`; the EOS token is emitted and later slots are PAD.
+Rows stop independently at `eos_id`: the EOS token is emitted, later slots are PAD and the
+row's score stops changing (finished rows are still fed PAD to keep the batch in lockstep);
+the loop exits once every row has finished.
 """
 
 from __future__ import annotations
@@ -42,6 +44,21 @@ from jax import lax
 
 from transformer.models.decoder import DecoderLM
 from transformer.models.seq2seq import EncoderDecoder
+
+__all__ = [
+  "DecodeResult",
+  "Sampling",
+  "generate",
+  "init_cache",
+  "left_pad",
+  "lm_beam_search",
+  "lm_decode",
+  "seq2seq_beam_search",
+  "seq2seq_decode",
+  "top_k_filter",
+  "top_p_filter",
+  "translate",
+]
 
 PAD_ID, EOS_ID = 0, 2
 METHODS = ("greedy", "sample", "beam")
@@ -320,7 +337,16 @@ def _selector(sampling: Sampling | None):
 
 
 @functools.partial(jax.jit, static_argnames=("model", "length"))
-def lm_decode(model, params, prompts, lengths, *, length, sampling=None, eos_id=-1) -> DecodeResult:
+def lm_decode(
+  model: DecoderLM,
+  params: Any,
+  prompts: jax.Array,
+  lengths: jax.Array,
+  *,
+  length: int,
+  sampling: Sampling | None = None,
+  eos_id: int | jax.Array = -1,
+) -> DecodeResult:
   """Greedy (sampling None) or sampled continuation of L = `length` tokens.
 
   prompts: [B, P] left-padded; lengths: [B] real prompt lengths.
@@ -331,7 +357,15 @@ def lm_decode(model, params, prompts, lengths, *, length, sampling=None, eos_id=
 
 @functools.partial(jax.jit, static_argnames=("model", "length", "beam_size"))
 def lm_beam_search(
-  model, params, prompts, lengths, *, length, beam_size, alpha=0.6, eos_id=-1
+  model: DecoderLM,
+  params: Any,
+  prompts: jax.Array,
+  lengths: jax.Array,
+  *,
+  length: int,
+  beam_size: int,
+  alpha: float | jax.Array = 0.6,
+  eos_id: int | jax.Array = -1,
 ) -> DecodeResult:
   """Beam search over L = `length` new tokens after left-padded prompts [B, P]."""
   step, state, axes, tokens, positions = _lm_start(model, params, prompts, lengths)
@@ -339,7 +373,15 @@ def lm_beam_search(
 
 
 @functools.partial(jax.jit, static_argnames=("model", "length"))
-def seq2seq_decode(model, params, inputs, *, length, sampling=None, eos_id=-1) -> DecodeResult:
+def seq2seq_decode(
+  model: EncoderDecoder,
+  params: Any,
+  inputs: jax.Array,
+  *,
+  length: int,
+  sampling: Sampling | None = None,
+  eos_id: int | jax.Array = -1,
+) -> DecodeResult:
   """Greedy (sampling None) or sampled targets of L tokens for inputs [B, S] (0 = pad)."""
   step, state, _, tokens, positions = _seq2seq_start(model, params, inputs)
   return _decode_loop(step, state, tokens, positions, length, _selector(sampling), eos_id)
@@ -347,7 +389,14 @@ def seq2seq_decode(model, params, inputs, *, length, sampling=None, eos_id=-1) -
 
 @functools.partial(jax.jit, static_argnames=("model", "length", "beam_size"))
 def seq2seq_beam_search(
-  model, params, inputs, *, length, beam_size, alpha=0.6, eos_id=-1
+  model: EncoderDecoder,
+  params: Any,
+  inputs: jax.Array,
+  *,
+  length: int,
+  beam_size: int,
+  alpha: float | jax.Array = 0.6,
+  eos_id: int | jax.Array = -1,
 ) -> DecodeResult:
   """Beam search over targets of L = `length` tokens for inputs [B, S] (0 = pad)."""
   step, state, axes, tokens, positions = _seq2seq_start(model, params, inputs)

@@ -293,12 +293,13 @@ def _loop(
   total = loop["num_train_steps"]
   token_key = TOKEN_KEY[kind]
   eval_metrics: dict[str, float] = {}
-  last_time, tokens_since = time.perf_counter(), 0.0
+  last_time, tokens_since, examples_since = time.perf_counter(), 0.0, 0
   for step in range(start, total):
     batch = next(train_iter)
     tokens_since += (
       float(np.count_nonzero(batch[token_key] > 0)) if kind != "image" else len(batch[token_key])
     )
+    examples_since += len(batch[token_key]) * jax.process_count()
     state, metrics = runner.train(state, batch)
     done = step + 1
     if done % loop["log_every"] == 0 or done == total or done == start + 1:
@@ -306,11 +307,13 @@ def _loop(
       _check_finite(runner, state, loop, ckpt)
       now = time.perf_counter()
       scalars = {k: float(v) for k, v in metrics.items()}
-      scalars["tokens_per_sec"] = tokens_since / max(now - last_time, 1e-9)
+      elapsed = max(now - last_time, 1e-9)
+      scalars["tokens_per_sec"] = tokens_since * jax.process_count() / elapsed
+      scalars["examples_per_sec"] = examples_since / elapsed
       if loop["skip_nonfinite"]:
         scalars["nonfinite_skipped"] = int(jax.device_get(runner.host_state(state).nonfinite_count))
       writer.write_scalars(done, scalars)
-      last_time, tokens_since = now, 0.0
+      last_time, tokens_since, examples_since = now, 0.0, 0
     is_eval = done == total or (loop["eval_every"] and done % loop["eval_every"] == 0)
     if is_eval:
       _check_finite(runner, state, loop, ckpt)
