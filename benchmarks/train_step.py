@@ -91,7 +91,9 @@ def benchmark(model_cfg: ModelConfig, batch: int, seq: int, steps: int, warmup: 
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser = argparse.ArgumentParser(
+    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+  )
   parser.add_argument("--steps", type=int, default=20)
   parser.add_argument("--batch", type=int, default=16)
   parser.add_argument("--seq", type=int, default=256)

@@ -33,8 +33,16 @@ def tiny_lm_config(**loop):
   config.data.validation_fraction = 0.1
   config.data.test_fraction = 0.0
   config.schedule.warmup_steps = 2
-  fields = dict(batch_size=8, seq_len=16, num_train_steps=6, log_every=2, eval_every=3,
-                eval_batches=2, checkpoint_every=3, sample_tokens=0)  # fmt: skip
+  fields = dict(
+    batch_size=8,
+    seq_len=16,
+    num_train_steps=6,
+    log_every=2,
+    eval_every=3,
+    eval_batches=2,
+    checkpoint_every=3,
+    sample_tokens=0,
+  )
   config.update({**fields, **loop})
   return config
 
@@ -55,8 +63,9 @@ def _lm_batch(rng, b=16, t=8, vocab=32):
 
 
 def _runner(parallelism, devices=None, accum=1, clip=1.0, lr=3e-3):
-  cfg = ModelConfig(family="decoder", vocab_size=32, d_model=32, num_heads=4, num_layers=2,
-                    d_ff=64, max_len=16)  # fmt: skip
+  cfg = ModelConfig(
+    family="decoder", vocab_size=32, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=16
+  )
   model = build_model(cfg)
   tx = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, b2=0.98, eps=1e-9))
   step_cfg = StepConfig(model=model, tx=tx, kind="lm", label_smoothing=0.1, grad_accum_steps=accum)
@@ -150,10 +159,13 @@ def test_train_resume_and_eval_reproduce(tmp_path):
 
 def _run_cli(workdir, steps, extra=(), wait=True):
   cmd = [
-    sys.executable, os.path.join(REPO, "train.py"),
-    f"--config={os.path.join(REPO, 'tests', 'tiny_lm_config.py')}", f"--workdir={workdir}",
-    f"--config.num_train_steps={steps}", *extra,
-  ]  # fmt: skip
+    sys.executable,
+    os.path.join(REPO, "train.py"),
+    f"--config={os.path.join(REPO, 'tests', 'tiny_lm_config.py')}",
+    f"--workdir={workdir}",
+    f"--config.num_train_steps={steps}",
+    *extra,
+  ]
   if wait:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -224,7 +236,9 @@ def test_workdir_lock_refuses_live_owner_and_recovers_stale(tmp_path):
     with pytest.raises(RuntimeError, match=f"in use by process {os.getpid()}"):
       with WorkdirLock(workdir):
         pass
-  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  dead = subprocess.run(
+    [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+  )
   import socket
 
   with open(os.path.join(workdir, LOCK_FILE), "w") as f:

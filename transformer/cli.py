@@ -31,8 +31,9 @@ def parse_flags(argv: list[str]) -> list[str]:
   except flags.Error as e:
     print(f"error: {e}", file=sys.stderr)
   except (AttributeError, KeyError) as e:  # ml_collections: an override of no field
-    bad = [a for a in argv[1:] if str(e).strip("'\"") in a]
-    print(f"error: no such config field {str(e).strip(chr(34)+chr(39))!r} in {' '.join(bad) or argv[1:]}", file=sys.stderr)
+    name = str(e).strip("'\"")
+    bad = " ".join(a for a in argv[1:] if name in a) or argv[1:]
+    print(f"error: no such config field {name!r} in {bad}", file=sys.stderr)
   except (TypeError, ValueError) as e:  # ml_collections: a value of the wrong type
     print(f"error: invalid config override: {e}", file=sys.stderr)
   sys.exit(1)

@@ -49,6 +49,8 @@ LOOP_FIELDS: dict[str, tuple[Any, str]] = {
   "best_mode": ("min", "min or max: which value of best_metric is best"),
   "skip_nonfinite": (False, "skip (and count) updates with NaN/Inf instead of stopping"),
   "init_from": ("", "workdir or checkpoint folder whose matching parameters initialise the model"),
+  "bleu_every": (0, "seq2seq: steps between BLEU evaluations (and at the end); 0 = never"),
+  "bleu_beam_size": (1, "seq2seq: beam size of the BLEU decoding (1 = greedy)"),
   "sample_prompt": ("", "LM only: text whose continuation is printed at the end"),
   "sample_tokens": (200, "LM only: tokens sampled at the end (0 = no sample)"),
   "sample_temperature": (0.8, "LM only: sampling temperature of the final sample"),
@@ -131,11 +133,18 @@ def validate(config: ml_collections.ConfigDict) -> Experiment:
     value = config.get(name, default)
     _check_type(name, value, type(default))
     loop[name] = value
-  for name in ("num_train_steps", "batch_size", "seq_len", "grad_accum_steps", "log_every",
-               "checkpoint_every", "keep_checkpoints"):  # fmt: skip
+  for name in (
+    "num_train_steps",
+    "batch_size",
+    "seq_len",
+    "grad_accum_steps",
+    "log_every",
+    "checkpoint_every",
+    "keep_checkpoints",
+  ):
     if loop[name] <= 0:
       _fail(name, loop[name], "must be > 0")
-  for name in ("eval_every", "eval_batches", "sample_tokens"):
+  for name in ("eval_every", "eval_batches", "sample_tokens", "bleu_every", "bleu_beam_size"):
     if loop[name] < 0:
       _fail(name, loop[name], "must be >= 0")
   if loop["batch_size"] % loop["grad_accum_steps"]:
@@ -158,8 +167,9 @@ def validate(config: ml_collections.ConfigDict) -> Experiment:
   if vocab_from_data:
     model_fields["vocab_size"] = 1  # validated with a stand-in; `finalize_model` fills it
   classes_from_data = model_fields["num_classes"] == 0 and config.data.kind in (
-    "classification", "image",
-  )  # fmt: skip
+    "classification",
+    "image",
+  )
   if classes_from_data:
     model_fields["num_classes"] = 1
   model = _construct("model", ModelConfig, model_fields)

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer import experiment
+from transformer import evaluation, experiment
 from transformer.config import ModelConfig
 from transformer.data.datasets import DataInfo, make_datasets
 from transformer.models import build_model
@@ -80,8 +80,14 @@ def _check_model_matches(workdir: str, model_cfg: ModelConfig) -> None:
   saved = load_model_config(workdir).to_dict()
   current = model_cfg.to_dict()
   structural = ("scan_layers",)  # changes the parameter tree: never compatible
-  ignore = ("dropout_rate", "attention_dropout_rate", "attention_impl", "attention_chunk_size",
-            "dtype", "remat_policy")  # fmt: skip
+  ignore = (
+    "dropout_rate",
+    "attention_dropout_rate",
+    "attention_impl",
+    "attention_chunk_size",
+    "dtype",
+    "remat_policy",
+  )
   diffs = [
     f"model.{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
     for k, v in current.items()
@@ -203,11 +209,18 @@ def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
   params = init_params(model, kind, info, loop["seed"])
   tx = create_optimizer(exp.optimizer, schedule, params)
   step_cfg = StepConfig(
-    model=model, tx=tx, kind=kind, label_smoothing=loop["label_smoothing"], z_loss=loop["z_loss"],
-    grad_accum_steps=loop["grad_accum_steps"], schedule=schedule,
-  )  # fmt: skip
+    model=model,
+    tx=tx,
+    kind=kind,
+    label_smoothing=loop["label_smoothing"],
+    z_loss=loop["z_loss"],
+    grad_accum_steps=loop["grad_accum_steps"],
+    schedule=schedule,
+  )
   runner = StepRunner(step_cfg, loop["parallelism"])
-  runner.check_batch_size(info.batch_size // loop["grad_accum_steps"], "batch_size / grad_accum_steps")
+  runner.check_batch_size(
+    info.batch_size // loop["grad_accum_steps"], "batch_size / grad_accum_steps"
+  )
   runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
   state = create_train_state(params, tx, jax.random.PRNGKey(loop["seed"] + 1))
   return Setup(exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state)
@@ -217,46 +230,44 @@ def _train(config, exp: experiment.Experiment, loop: dict, workdir: str) -> dict
   is_primary = jax.process_index() == 0
   s = build(config, workdir, exp)
   _check_model_matches(workdir, s.model_cfg)
-  runner, state, train_iter, eval_factory, info = s.runner, s.state, s.train_iter, s.eval_factory, s.info
-  model, tx, model_cfg, kind = s.model, s.tx, s.model_cfg, exp.data.kind
   ckpt = checkpoints.CheckpointManager(
-    os.path.join(workdir, "checkpoints"), max_to_keep=loop["keep_checkpoints"],
+    os.path.join(workdir, "checkpoints"),
+    max_to_keep=loop["keep_checkpoints"],
     best_metric=f"eval_{loop['best_metric']}" if loop["best_metric"] else None,
     best_mode=loop["best_mode"],
-  )  # fmt: skip
+  )
   with ckpt:
-    target = runner.state_target(jax.eval_shape(lambda: state))
-    restored = ckpt.restore(target)
+    state = s.state
+    restored = ckpt.restore(s.runner.state_target(jax.eval_shape(lambda: state)))
     if restored is not None:
       state = restored.state
       if restored.data_state is not None:
-        train_iter.set_state(restored.data_state)
+        s.train_iter.set_state(restored.data_state)
       print(f"resumed from step {restored.step} ({ckpt.directory})")
     elif loop["init_from"]:
       state = state.replace(params=_load_init_from(loop["init_from"], state.params))
-      state = state.replace(opt_state=tx.init(state.params))
+      state = state.replace(opt_state=s.tx.init(state.params))
     if is_primary:
       checkpoints.write_config(config, workdir)
       with open(os.path.join(workdir, MODEL_CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(model_cfg.to_dict(), f, indent=2)
+        json.dump(s.model_cfg.to_dict(), f, indent=2)
     start = int(jax.device_get(state.step))
     writer = MetricWriter(
-      workdir, is_primary=is_primary, total_steps=loop["num_train_steps"],
+      workdir,
+      is_primary=is_primary,
+      total_steps=loop["num_train_steps"],
       resume_step=start if restored is not None else None,
-    )  # fmt: skip
+    )
     with writer, _Preemption() as preemption:
-      result = _loop(
-        loop, runner, state, train_iter, eval_factory, ckpt, writer, preemption, config, start,
-        kind,
-      )  # fmt: skip
+      state = s.runner.place_state(state)
+      final_metrics, state = _loop(s, state, ckpt, writer, preemption, config, start)
     ckpt.wait_until_finished()
   if is_primary:
     plot_curves([writer.jsonl_path], os.path.join(workdir, "curves.png"))
-  final_metrics, final_state = result
   if final_metrics.get("preempted"):
     return final_metrics
-  if kind == "lm" and loop["sample_tokens"] and is_primary:
-    _print_sample(model, runner.host_state(final_state).params, info, loop)
+  if exp.data.kind == "lm" and loop["sample_tokens"] and is_primary:
+    _print_sample(s.model, s.runner.host_state(state).params, s.info, loop)
   return final_metrics
 
 
@@ -287,29 +298,49 @@ def _check_finite(runner, state, loop, ckpt) -> None:
     )
 
 
-def _loop(
-  loop, runner, state, train_iter, eval_factory, ckpt, writer, preemption, config, start, kind
-):
+def _periodic_eval(s: Setup, state: TrainState, done: int, writer: MetricWriter) -> dict:
+  """Loss metrics on the evaluation split, plus BLEU for translation when it is due."""
+  loop = s.exp.loop
+  metrics = evaluate(s.runner, state, s.eval_factory, loop["eval_batches"])
+  total = loop["num_train_steps"]
+  if s.exp.data.kind == "seq2seq" and loop["bleu_every"]:
+    if done % loop["bleu_every"] == 0 or done == total:
+      beam = loop["bleu_beam_size"]
+      result = evaluation.bleu(
+        s.model,
+        s.runner.host_state(state).params,
+        s.info.tokenizer,
+        s.eval_factory(),
+        loop["eval_batches"],
+        method="beam" if beam > 1 else "greedy",
+        beam_size=max(beam, 1),
+      )
+      metrics["bleu"] = result["bleu"]
+  writer.write_scalars(done, metrics, split="eval")
+  return metrics
+
+
+def _loop(s: Setup, state, ckpt, writer, preemption, config, start):
+  loop, runner, train_iter, kind = s.exp.loop, s.runner, s.train_iter, s.exp.data.kind
   total = loop["num_train_steps"]
   token_key = TOKEN_KEY[kind]
   eval_metrics: dict[str, float] = {}
   last_time, tokens_since, examples_since = time.perf_counter(), 0.0, 0
   for step in range(start, total):
     batch = next(train_iter)
-    tokens_since += (
-      float(np.count_nonzero(batch[token_key] > 0)) if kind != "image" else len(batch[token_key])
-    )
-    examples_since += len(batch[token_key]) * jax.process_count()
+    rows = len(batch[token_key])
+    tokens_since += rows if kind == "image" else float(np.count_nonzero(batch[token_key] > 0))
+    examples_since += rows
     state, metrics = runner.train(state, batch)
     done = step + 1
     if done % loop["log_every"] == 0 or done == total or done == start + 1:
       metrics = jax.device_get(metrics)
       _check_finite(runner, state, loop, ckpt)
       now = time.perf_counter()
-      scalars = {k: float(v) for k, v in metrics.items()}
       elapsed = max(now - last_time, 1e-9)
+      scalars = {k: float(v) for k, v in metrics.items()}
       scalars["tokens_per_sec"] = tokens_since * jax.process_count() / elapsed
-      scalars["examples_per_sec"] = examples_since / elapsed
+      scalars["examples_per_sec"] = examples_since * jax.process_count() / elapsed
       if loop["skip_nonfinite"]:
         scalars["nonfinite_skipped"] = int(jax.device_get(runner.host_state(state).nonfinite_count))
       writer.write_scalars(done, scalars)
@@ -317,8 +348,7 @@ def _loop(
     is_eval = done == total or (loop["eval_every"] and done % loop["eval_every"] == 0)
     if is_eval:
       _check_finite(runner, state, loop, ckpt)
-      eval_metrics = evaluate(runner, state, eval_factory, loop["eval_batches"])
-      writer.write_scalars(done, eval_metrics, split="eval")
+      eval_metrics = _periodic_eval(s, state, done, writer)
     if done % loop["checkpoint_every"] == 0 or done == total or preemption.requested:
       _check_finite(runner, state, loop, ckpt)  # never checkpoint past a NaN
       ranked = {f"eval_{k}": v for k, v in eval_metrics.items()} if is_eval else None
@@ -327,24 +357,24 @@ def _loop(
       _save(ckpt, runner, state, train_iter, config, ranked)
     if preemption.requested:
       ckpt.wait_until_finished()
-      logging.warning("SIGTERM: saved step %d and stopped", done)
+      print(f"SIGTERM: saved a checkpoint at step {done} and stopped")
       return {"preempted": 1.0, "step": float(done)}, state
   if start >= total:  # already finished: evaluate the restored state again
-    eval_metrics = evaluate(runner, state, eval_factory, loop["eval_batches"])
+    eval_metrics = evaluate(runner, state, s.eval_factory, loop["eval_batches"])
   return eval_metrics, state
 
 
 def _print_sample(model, params, info: DataInfo, loop: dict) -> None:
-  from transformer import decoding
-
-  tok = info.tokenizer
   prompt = loop["sample_prompt"] or "\n"
-  ids = tok.encode(prompt)
-  max_new = min(loop["sample_tokens"], model.config.max_len - len(ids))
-  out = decoding.generate(
-    model, params, [ids], max_new_tokens=max_new, method="sample",
-    temperature=loop["sample_temperature"], rng=jax.random.PRNGKey(loop["seed"]),
-  )  # fmt: skip
-  text = tok.decode(list(np.asarray(out.tokens[0])))
+  max_new = min(loop["sample_tokens"], model.config.max_len - len(info.tokenizer.encode(prompt)))
+  (sample,) = evaluation.sample_texts(
+    model,
+    params,
+    info.tokenizer,
+    [prompt],
+    max_new_tokens=max_new,
+    temperature=loop["sample_temperature"],
+    seed=loop["seed"],
+  )
   print(f"--- sample ({max_new} tokens, temperature {loop['sample_temperature']}) ---")
-  print(prompt + text)
+  print(prompt + sample["sample"])

@@ -55,10 +55,13 @@ class StepConfig:
 
 def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
   return TrainState(
-    step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+    step=jnp.zeros((), jnp.int32),
+    params=params,
+    opt_state=tx.init(params),
     rng=jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng,
-    nonfinite_count=jnp.zeros((), jnp.int32), first_nonfinite_step=jnp.full((), -1, jnp.int32),
-  )  # fmt: skip
+    nonfinite_count=jnp.zeros((), jnp.int32),
+    first_nonfinite_step=jnp.full((), -1, jnp.int32),
+  )
 
 
 def _sums(cfg: StepConfig, params, batch: Batch, rng, deterministic: bool):

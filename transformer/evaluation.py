@@ -1,0 +1,165 @@
+"""Generation- and prediction-based evaluation: text samples, BLEU, confusion matrices.
+
+Used by `eval.py` (through `eval_lib`) and by the training loop's periodic evaluation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sacrebleu
+
+from transformer import decoding
+from transformer.training.tasks import FORWARD
+
+
+def sample_texts(
+  model: nn.Module,
+  params: Any,
+  tokenizer: Any,
+  prompts: list[str],
+  *,
+  num_samples: int = 1,
+  max_new_tokens: int = 200,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  seed: int = 0,
+) -> list[dict[str, str]]:
+  """`num_samples` continuations of each prompt (LMs). Raises ValueError for bad prompts."""
+  tok = tokenizer
+  max_len = model.config.max_len
+  rows, texts = [], []
+  for prompt in prompts:
+    if not prompt:
+      raise ValueError("--prompt is empty: give at least one character to continue")
+    unknown = tok.unknown_chars(prompt) if hasattr(tok, "unknown_chars") else {}
+    if unknown:
+      chars = "".join(sorted(unknown))
+      raise ValueError(f"prompt {prompt!r} has characters outside the vocabulary: {chars!r}")
+    rows += [tok.encode(prompt)] * num_samples
+    texts += [prompt] * num_samples
+  limit = max_len - max(len(r) for r in rows)
+  if max_new_tokens > limit:
+    raise ValueError(
+      f"{max_new_tokens} new tokens after a {max_len - limit}-token prompt "
+      f"exceed the model's max_len={max_len}; ask for at most {limit}"
+    )
+  out = decoding.generate(
+    model,
+    params,
+    rows,
+    max_new_tokens=max_new_tokens,
+    method="sample",
+    temperature=temperature,
+    top_k=top_k,
+    top_p=top_p,
+    rng=jax.random.PRNGKey(seed),
+  )
+  tokens = np.asarray(out.tokens)
+  return [{"prompt": p, "sample": tok.decode(t)} for p, t in zip(texts, tokens, strict=True)]
+
+
+def _strip(ids: np.ndarray) -> list[int]:
+  """Token ids up to the first EOS (2), without padding."""
+  ids = [int(i) for i in ids]
+  if 2 in ids:
+    ids = ids[: ids.index(2)]
+  return [i for i in ids if i != 0]
+
+
+def bleu(
+  model: nn.Module,
+  params: Any,
+  tokenizer: Any,
+  eval_iter: Iterable[dict],
+  max_batches: int = 0,
+  *,
+  method: str = "beam",
+  beam_size: int = 4,
+  alpha: float = 0.6,
+) -> dict[str, Any]:
+  """Corpus BLEU (sacrebleu) of decoded evaluation sources against their references.
+
+  References are the detokenized target ids of the evaluation split (the tokenizers
+  round-trip the shipped text exactly; for other data this is BLEU on normalised text).
+  """
+  tok = tokenizer
+  hyps, refs = [], []
+  for i, batch in enumerate(eval_iter):
+    if max_batches and i >= max_batches:
+      break
+    keep = batch["inputs_segment_ids"].max(axis=1) > 0  # padded rows have no source
+    if not keep.any():
+      continue
+    inputs = batch["inputs"][keep]
+    out = decoding.translate(
+      model,
+      params,
+      inputs,
+      method=method,
+      beam_size=beam_size,
+      alpha=alpha,
+      max_len=batch["targets"].shape[1],
+    )
+    hyps += [tok.decode(_strip(row)) for row in np.asarray(out.tokens)]
+    refs += [tok.decode(_strip(row)) for row in batch["targets"][keep]]
+  result = sacrebleu.corpus_bleu(hyps, [refs])
+  return {
+    "bleu": float(result.score),
+    "bleu_signature": str(sacrebleu.BLEU().get_signature()),
+    "bleu_method": f"{method}{beam_size if method == 'beam' else ''}",
+    "examples": [
+      {"hypothesis": h, "reference": r} for h, r in zip(hyps[:5], refs[:5], strict=True)
+    ],
+  }
+
+
+def confusion_matrix(
+  model: nn.Module, params: Any, kind: str, eval_iter: Iterable[dict], max_batches: int = 0
+) -> np.ndarray:
+  """counts[true, predicted] over the evaluation batches (padded rows, label -1, excluded)."""
+  predict = jax.jit(
+    lambda p, b: jnp.argmax(FORWARD[kind](model, {"params": p}, b, True, {})[0], axis=-1)
+  )
+  n = model.config.num_classes
+  counts = np.zeros((n, n), np.int64)
+  for i, batch in enumerate(eval_iter):
+    if max_batches and i >= max_batches:
+      break
+    pred = np.asarray(predict(params, batch))
+    label = batch["label"]
+    valid = label >= 0
+    np.add.at(counts, (label[valid], pred[valid]), 1)
+  return counts
+
+
+def write_confusion(counts: np.ndarray, names: list[str], path_png: str) -> str:
+  """Writes the confusion matrix as a PNG heatmap; returns it as a Markdown table."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  n = len(names)
+  fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 1.0 + 0.6 * n), dpi=100)
+  ax.imshow(counts, cmap="Blues")
+  ax.set_xticks(range(n), names, rotation=90)
+  ax.set_yticks(range(n), names)
+  ax.set_xlabel("predicted")
+  ax.set_ylabel("true")
+  for t in range(n):
+    for p in range(n):
+      ax.text(p, t, str(counts[t, p]), ha="center", va="center", fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path_png)
+  plt.close(fig)
+  header = "| true \\ predicted | " + " | ".join(names) + " |"
+  lines = [header, "|" + "---|" * (n + 1)]
+  lines += [f"| {names[t]} | " + " | ".join(str(c) for c in counts[t]) + " |" for t in range(n)]
+  return "\n".join(lines)
