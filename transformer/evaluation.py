@@ -109,10 +109,11 @@ def bleu(
     )
     hyps += [tok.decode(_strip(row)) for row in np.asarray(out.tokens)]
     refs += [tok.decode(_strip(row)) for row in batch["targets"][keep]]
-  result = sacrebleu.corpus_bleu(hyps, [refs])
+  metric = sacrebleu.BLEU()
+  result = metric.corpus_score(hyps, [refs])
   return {
     "bleu": float(result.score),
-    "bleu_signature": str(sacrebleu.BLEU().get_signature()),
+    "bleu_signature": str(metric.get_signature()),
     "bleu_method": f"{method}{beam_size if method == 'beam' else ''}",
     "examples": [
       {"hypothesis": h, "reference": r} for h, r in zip(hyps[:5], refs[:5], strict=True)

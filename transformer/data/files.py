@@ -138,6 +138,19 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
   return np.frombuffer(data, dtype, offset=header).reshape(shape).astype(dtype.newbyteorder("="))
 
 
+def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
+  """Writes a uint8 array as an uncompressed IDX file (the inverse of `read_idx`), atomically."""
+  array = np.asarray(array)
+  if array.dtype != np.uint8 or not 1 <= array.ndim <= 255:
+    raise ValueError(f"{path}: write_idx takes uint8 arrays, got {array.dtype} {array.shape}")
+  header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+  tmp.write_bytes(header + np.ascontiguousarray(array).tobytes())
+  os.replace(tmp, path)
+
+
 def fingerprint(paths: Sequence[Path], *extra: object, content: bool = True) -> str:
   """A short hash of the files (content, or name + size + mtime) and `extra` settings."""
   h = hashlib.sha256(repr(extra).encode())
