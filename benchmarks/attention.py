@@ -59,7 +59,7 @@ def footprint(compiled) -> tuple[int, int]:
 
 
 def time_call(compiled, args, min_time: float, max_repeats: int) -> float:
-  """Median-free minimum seconds per call after one warm-up call."""
+  """Fastest of up to max_repeats timed calls (at least min_time seconds), after a warm-up."""
   jax.block_until_ready(compiled(*args))
   best, spent, n = float("inf"), 0.0, 0
   while n < max_repeats and (n == 0 or spent < min_time):
@@ -105,7 +105,7 @@ def main() -> None:
     f"{jax.devices()[0].platform.upper()} ({jax.device_count()} device(s))"
   )
   print()
-  print("| impl | pass | T | time (ms) | XLA temp (MiB) | peak (MiB) | note |")
+  print("| impl | pass | T | time (ms, best) | XLA temp (MiB) | peak (MiB) | note |")
   print("| --- | --- | ---: | ---: | ---: | ---: | --- |")
   for row in rows:
     print(_row_text(row))

@@ -28,6 +28,7 @@ from jax import lax
 
 from transformer import positional
 from transformer.config import ModelConfig
+from transformer.partitioning import constrain
 
 # Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -350,9 +351,9 @@ class MultiHeadAttention(nn.Module):
       )
 
     kv_input = x if kv_input is None else kv_input
-    q = proj(n, "query")(x)  # [B, T, N, H]
-    k = proj(kv, "key")(kv_input)  # [B, S, K, H]
-    v = proj(kv, "value")(kv_input)  # [B, S, K, H]
+    q = constrain(proj(n, "query")(x), ("batch", "length", "heads", "head_dim"))  # [B, T, N, H]
+    k = constrain(proj(kv, "key")(kv_input), ("batch", "length", "kv_heads", "head_dim"))
+    v = constrain(proj(kv, "value")(kv_input), ("batch", "length", "kv_heads", "head_dim"))
 
     if c.position == "rope" and not self.is_cross:
       q = positional.apply_rope(q, info.q_positions, c.rope_theta)

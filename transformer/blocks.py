@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from transformer.attention import MaskInfo, MultiHeadAttention
 from transformer.config import ModelConfig
 from transformer.layers import FeedForward, make_norm
+from transformer.partitioning import constrain
 
 REMAT_POLICIES = {
   "full": None,  # save nothing, recompute the whole block
@@ -65,7 +66,8 @@ class Block(nn.Module):
 
       x = residual(c, x, cross_attention, "cross_attention_norm", deterministic)
     ffn = FeedForward(c, name="ffn")
-    return residual(c, x, lambda h: ffn(h, deterministic), "ffn_norm", deterministic)
+    x = residual(c, x, lambda h: ffn(h, deterministic), "ffn_norm", deterministic)
+    return constrain(x, ("batch", "length", "embed"))  # [B, T, D]
 
 
 class _ScanBlock(nn.Module):

@@ -25,6 +25,7 @@ from ml_collections import config_dict
 
 from transformer.config import ModelConfig
 from transformer.data.config import DataConfig
+from transformer.partitioning import MESH_AXES, RULES
 from transformer.training import optimizer as optimizer_lib
 from transformer.training import schedules
 
@@ -93,6 +94,17 @@ def default_config() -> ml_collections.ConfigDict:
       final_fraction=0.0,  # cosine: final learning rate as a fraction of the peak
     )
   )
+  config.mesh = ml_collections.ConfigDict(
+    dict(
+      data=-1,  # data-parallel ways (-1: all devices not used by the other axes)
+      fsdp=1,  # ways parameters / optimizer state are sharded (and the batch split)
+      tensor=1,  # tensor-parallel ways (heads, FFN hidden, vocabulary)
+    )
+  )
+  # Logical axis -> comma-separated mesh axes ('' = replicated); see transformer/partitioning.py.
+  config.mesh_rules = ml_collections.ConfigDict(
+    {k: ",".join((v,) if isinstance(v, str) else (v or ())) for k, v in RULES.items()}
+  )
   for name, (value, _) in LOOP_FIELDS.items():
     config[name] = value
   return config
@@ -109,6 +121,8 @@ class Experiment:
   loop: dict[str, Any]
   vocab_from_data: bool  # model.vocab_size was 0: use the tokenizer's
   classes_from_data: bool  # model.num_classes was 0 for classification data: use the data's
+  mesh: dict[str, int]  # mesh axis -> size (-1: the remaining devices)
+  rules: dict[str, tuple[str, ...]]  # logical axis -> mesh axes
 
 
 def _fail(field: str, value: Any, rule: str):
@@ -124,7 +138,7 @@ def _check_type(field: str, value: Any, expected: type) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> Experiment:
   """Checks every field and returns typed parts; ValueError names the first bad field."""
-  known = {"model", "data", "optimizer", "schedule", *LOOP_FIELDS}
+  known = {"model", "data", "optimizer", "schedule", "mesh", "mesh_rules", *LOOP_FIELDS}
   unknown = sorted(set(config.keys()) - known)
   if unknown:
     _fail(unknown[0], config[unknown[0]], f"unknown field; known: {', '.join(sorted(known))}")
@@ -187,7 +201,35 @@ def validate(config: ml_collections.ConfigDict) -> Experiment:
   except ValueError as e:
     raise ValueError(f"config.schedule / config.optimizer: {e}") from None
   _check_family_data(model, data)
-  return Experiment(model, data, opt, schedule, loop, vocab_from_data, classes_from_data)
+  mesh, rules = _mesh(config)
+  if loop["parallelism"] == "pmap" and (mesh["fsdp"] != 1 or mesh["tensor"] != 1):
+    _fail("parallelism", "pmap", "is data parallelism only: use jit for fsdp / tensor meshes")
+  return Experiment(
+    model, data, opt, schedule, loop, vocab_from_data, classes_from_data, mesh, rules
+  )
+
+
+def _mesh(config) -> tuple[dict[str, int], dict[str, tuple[str, ...]]]:
+  mesh = config.get("mesh", {"data": -1})
+  mesh = mesh.to_dict() if hasattr(mesh, "to_dict") else dict(mesh)
+  for name, size in mesh.items():
+    if name not in MESH_AXES:
+      _fail(f"mesh.{name}", size, f"unknown mesh axis; known: {', '.join(MESH_AXES)}")
+    _check_type(f"mesh.{name}", size, int)
+    if size == 0 or size < -1:
+      _fail(f"mesh.{name}", size, "must be >= 1, or -1 for all remaining devices")
+  if list(mesh.values()).count(-1) > 1:
+    _fail("mesh", mesh, "at most one axis may be -1")
+  rules = {}
+  raw = config.get("mesh_rules", {})
+  for logical, value in (raw.to_dict() if hasattr(raw, "to_dict") else dict(raw)).items():
+    _check_type(f"mesh_rules.{logical}", value, str)
+    axes = tuple(a.strip() for a in value.split(",") if a.strip())
+    for a in axes:
+      if a not in MESH_AXES:
+        _fail(f"mesh_rules.{logical}", value, f"names mesh axis {a!r}; known: {MESH_AXES}")
+    rules[logical] = axes
+  return {a: mesh.get(a, 1) for a in MESH_AXES}, rules
 
 
 def finalize_model(exp: Experiment, vocab_size: int, num_classes: int) -> ModelConfig:

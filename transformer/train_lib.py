@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer import evaluation, experiment
+from transformer import evaluation, experiment, partitioning
 from transformer.config import ModelConfig
 from transformer.data.datasets import DataInfo, make_datasets
 from transformer.models import build_model
@@ -217,7 +217,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
     grad_accum_steps=loop["grad_accum_steps"],
     schedule=schedule,
   )
-  runner = StepRunner(step_cfg, loop["parallelism"])
+  mesh = partitioning.make_mesh(exp.mesh)
+  runner = StepRunner(step_cfg, loop["parallelism"], mesh, exp.rules)
   runner.check_batch_size(
     info.batch_size // loop["grad_accum_steps"], "batch_size / grad_accum_steps"
   )

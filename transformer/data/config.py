@@ -16,7 +16,8 @@ from transformer.data.image_builders import FASHION_MNIST_LABELS
 from transformer.data.packing import OVERLONG_POLICIES
 
 KINDS = ("lm", "mlm", "classification", "seq2seq", "image")
-SOURCES = ("text", "pairs", "labelled", "idx", "image_folder", "tfds")
+SOURCES = ("text", "pairs", "labelled", "idx", "image_folder", "sklearn_digits", "tfds")
+IMAGE_SOURCES = ("idx", "image_folder", "sklearn_digits", "tfds")
 TOKENIZERS = ("char", "byte", "sentencepiece", "none")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,7 @@ class DataConfig:
   """What to read and how to turn it into batches. Invalid values raise `ValueError`."""
 
   kind: str = "lm"  # lm | mlm | classification | seq2seq | image (the batch format)
-  source: str = "text"  # text | pairs | labelled | idx | image_folder (local files) | tfds
+  source: str = "text"  # text | pairs | labelled | idx | image_folder | sklearn_digits | tfds
   path: str = (
     "data/tinyshakespeare.txt.gz"  # local file / folder, or TFDS name ('wmt14_translate/de-en')
   )
@@ -44,6 +45,7 @@ class DataConfig:
   vocab_size: int = 8000  # sentencepiece vocabulary size (char / byte: fixed by the data)
   spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe
   tokenizer_train_examples: int = 300_000  # records (evenly spaced) the tokenizer is trained on
+  tokenizer_from: str = ""  # workdir / tokenizer file to reuse instead of training; '' = train
   target_seq_len: int | None = None  # seq2seq target length T; None = seq_len (inputs length S)
   windows: bool | None = None  # lm/mlm from a token stream; None = True for source 'text'
   packing: bool = True  # pack examples into rows (lm without windows, mlm, seq2seq training)
@@ -76,11 +78,11 @@ class DataConfig:
         f"DataConfig: tokenizer 'none' goes with kind 'image' only "
         f"(kind={self.kind!r}, tokenizer={self.tokenizer!r})"
       )
-    if self.kind == "image" and self.source not in ("idx", "image_folder", "tfds"):
+    if self.kind == "image" and self.source not in IMAGE_SOURCES:
       raise ValueError(
-        f"DataConfig: kind 'image' needs source idx, image_folder or tfds, got {self.source!r}"
+        f"DataConfig: kind 'image' needs source {', '.join(IMAGE_SOURCES)}, got {self.source!r}"
       )
-    if self.kind != "image" and self.source in ("idx", "image_folder"):
+    if self.kind != "image" and self.source in IMAGE_SOURCES[:-1]:
       raise ValueError(
         f"DataConfig: source {self.source!r} holds images, but kind is {self.kind!r}"
       )
@@ -98,6 +100,8 @@ class DataConfig:
       raise ValueError(f"DataConfig.vocab_size must be >= 16, got {self.vocab_size}")
     if self.image_size is not None and self.image_size < 1:
       raise ValueError(f"DataConfig.image_size must be positive, got {self.image_size}")
+    if self.tokenizer_from and self.tokenizer == "none":
+      raise ValueError("DataConfig: tokenizer_from needs a tokenizer (not 'none')")
     if self.num_workers < 0 or self.prefetch < 1 or self.crop_padding < 0:
       raise ValueError("DataConfig: num_workers and crop_padding must be >= 0, prefetch >= 1")
 

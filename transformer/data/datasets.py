@@ -229,7 +229,7 @@ def make_datasets(
     if b % count:
       raise ValueError(f"{name} {b} is not divisible by process_count {count}")
   per_host, eval_per_host = batch_size // count, eval_batch // count
-  splits = sources.open_splits(cfg)
+  splits = sources.open_splits(cfg, workdir)
   c = _Context(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
   windows = cfg.uses_windows and cfg.kind in ("lm", "mlm")
   if cfg.kind == "image":

@@ -8,6 +8,8 @@ share one size; a mismatch raises `ValueError` naming the file.
 Split rules:
   * IDX: `train` and `test` are the two file sets; with `validation_fraction > 0` the
     last `round(n * validation_fraction)` training images become `validation`.
+  * scikit-learn digits (`sklearn_digits`): written once as IDX files, the first 1,437
+    images train and the last 360 test (`train_test_split(test_size=0.2, shuffle=False)`).
   * image folder: `root/<split>/<class>/<image>` when `root` holds a `train` folder
     (splits named train / validation / test), else `root/<class>/<image>` split by
     `crc32(relative path)` as for tables (see `builders.hash_split`).
@@ -45,6 +47,8 @@ FASHION_MNIST_LABELS = (  # Xiao et al. 2017, Table 1 (label order)
   "Bag",
   "Ankle boot",
 )
+DIGITS_FILES = tuple(n.removesuffix(".gz") for n in MNIST_FILES)  # written uncompressed
+DIGITS_TEST_COUNT = 360  # scikit-learn digits: the last 20% of the 1,797 images are test
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
@@ -274,3 +278,37 @@ def image_folder(
   digest = files.fingerprint(paths, builders.settings(cfg), [str(r) for r in rel], content=False)
   cfg.name = builders.config_name(path, digest, name)
   return builders.prepare(LocalImageFolder, cfg, data_dir)
+
+
+def sklearn_digits(
+  folder: str | os.PathLike,
+  data_dir: str | os.PathLike | None = None,
+  *,
+  validation_fraction: float = 0.0,
+) -> tfds.core.DatasetBuilder:
+  """scikit-learn's bundled 8x8 digits (1,797 images, UCI optdigits) as `local_idx_images`.
+
+  At first use the images are written to `folder` as four uncompressed IDX files,
+  pixels scaled from [0, 16] to [0, 255] (uint8 [N, 8, 8]); the last `DIGITS_TEST_COUNT`
+  images are the test split. Needs scikit-learn (a test dependency; no network).
+  """
+  folder = Path(folder)
+  if not all((folder / n).exists() for n in DIGITS_FILES):
+    try:
+      from sklearn.datasets import load_digits
+    except ImportError as e:
+      raise ImportError("DataConfig.source 'sklearn_digits' needs scikit-learn") from e
+    digits = load_digits()
+    images = np.round(digits.images * (255 / 16)).astype(np.uint8)  # [N, 8, 8]
+    labels = digits.target.astype(np.uint8)  # [N]
+    n = len(images) - DIGITS_TEST_COUNT
+    arrays = (images[:n], labels[:n], images[n:], labels[n:])
+    for name, array in zip(DIGITS_FILES, arrays, strict=True):
+      files.write_idx(folder / name, array)
+  return idx_images(
+    folder,
+    data_dir,
+    file_names=DIGITS_FILES,
+    label_names=tuple(str(d) for d in range(10)),
+    validation_fraction=validation_fraction,
+  )

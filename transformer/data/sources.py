@@ -19,7 +19,13 @@ from typing import Any
 
 from transformer.data import builders, features, image_builders
 from transformer.data.config import DataConfig
-from transformer.data.tokenizers import CharTokenizer, Tokenizer, get_tokenizer
+from transformer.data.tokenizers import (
+  CharTokenizer,
+  Tokenizer,
+  get_tokenizer,
+  load_tokenizer,
+  tokenizer_filename,
+)
 
 
 @dataclasses.dataclass
@@ -33,8 +39,12 @@ class Splits:
   text_keys: tuple[str, ...] = ("text",)
 
 
-def open_splits(cfg: DataConfig) -> Splits:
-  """Prepares (local builders) or opens (TFDS names) the two splits as data sources."""
+def open_splits(cfg: DataConfig, workdir: str | os.PathLike | None = None) -> Splits:
+  """Prepares (local builders) or opens (TFDS names) the two splits as data sources.
+
+  `workdir` holds files a source writes at first use (`sklearn_digits`: IDX files in
+  `workdir/datasets/sklearn_digits/`).
+  """
   path, d = cfg.resolved_path(), cfg.data_dir
   if cfg.source == "tfds":
     return _open_tfds(cfg)
@@ -60,6 +70,11 @@ def open_splits(cfg: DataConfig) -> Splits:
       validation_fraction=cfg.validation_fraction,
       test_fraction=cfg.test_fraction,
     )
+  elif cfg.source == "sklearn_digits":
+    if workdir is None:
+      raise ValueError("DataConfig.source 'sklearn_digits' writes its files under a workdir")
+    path = Path(workdir) / "datasets" / "sklearn_digits"
+    b = image_builders.sklearn_digits(path, d, validation_fraction=cfg.validation_fraction)
   elif cfg.source == "idx":
     b = image_builders.idx_images(
       path, d, label_names=cfg.label_names, validation_fraction=cfg.validation_fraction
@@ -126,6 +141,21 @@ def spaced(source: Sequence, limit: int) -> Iterator[int]:
 
 
 def tokenizer_for(cfg: DataConfig, splits: Splits, workdir: str | os.PathLike) -> Tokenizer:
+  """The tokenizer cached in `workdir/tokenizers/<data key>/`, else trained (or copied).
+
+  With `cfg.tokenizer_from` and no cached tokenizer yet, the tokenizer of that workdir
+  (or that file) is copied into this workdir's cache instead of training one, so a
+  fine-tuning run reads text exactly as the run it starts from did.
+  """
+  cache = Path(workdir) / "tokenizers" / _key_dir(splits.key)
+  filename = tokenizer_filename(cfg.tokenizer, cfg.vocab_size, cfg.spm_model_type)
+  if cfg.tokenizer_from and not (cache / filename).exists():
+    source = find_tokenizer(cfg.tokenizer_from, filename, splits.key)
+    tok = load_tokenizer(source)
+    tok.save(cache / filename)
+    logging.info("tokenizer %s (vocab %d) copied from %s", filename, tok.vocab_size, source)
+    return tok
+
   def texts() -> Iterator[str]:
     for _, record in features.read_records(
       splits.train, spaced(splits.train, cfg.tokenizer_train_examples)
@@ -133,8 +163,38 @@ def tokenizer_for(cfg: DataConfig, splits: Splits, workdir: str | os.PathLike) -
       for key in splits.text_keys:
         yield features.text_of(record, key)
 
-  cache = Path(workdir) / "tokenizers" / re.sub(r"[^\w.+-]", "_", splits.key)
   return get_tokenizer(cfg.tokenizer, cache, texts, cfg.vocab_size, cfg.spm_model_type)
+
+
+def _key_dir(key: str) -> str:
+  return re.sub(r"[^\w.+-]", "_", key)
+
+
+def find_tokenizer(where: str | os.PathLike, filename: str, key: str = "") -> Path:
+  """The tokenizer file `where` names: the file itself, or `filename` in a workdir's cache.
+
+  A workdir's `tokenizers/<data key>/<filename>` is preferred; otherwise the one file
+  called `filename` under `tokenizers/`. None or several: an error listing what exists.
+  """
+  p = Path(where).expanduser()
+  if p.is_file():
+    return p
+  root = p / "tokenizers" if (p / "tokenizers").is_dir() else p
+  if not root.is_dir():
+    raise FileNotFoundError(f"DataConfig.tokenizer_from={str(where)!r}: no such file or folder")
+  exact = root / _key_dir(key) / filename
+  if key and exact.exists():
+    return exact
+  found = sorted(root.glob(f"*/{filename}")) + sorted(root.glob(filename))
+  if len(found) == 1:
+    return found[0]
+  present = sorted(str(f.relative_to(root)) for f in root.rglob("*") if f.is_file())
+  what = "several" if found else "no"
+  raise (ValueError if found else FileNotFoundError)(
+    f"DataConfig.tokenizer_from={str(where)!r}: {what} {filename} under {root} "
+    f"(tokenizer, vocab_size and spm_model_type must match the run it comes from); "
+    f"present: {present or 'nothing'}"
+  )
 
 
 def scan(

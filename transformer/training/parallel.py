@@ -1,58 +1,62 @@
 """Running the steps on many devices: `jax.jit` over a mesh, or `jax.pmap`.
 
-`StepRunner` hides the difference from the loop. With 'jit' the train state is one
-global array tree (replicated over the mesh's 'data' axis) and every batch is one global
-array sharded along its first dimension; XLA inserts the gradient all-reduce. With
-'pmap' the state is replicated per local device and the batch split into
-[devices, B / devices, ...]; the step psums over the axis name 'batch'.
+`StepRunner` hides the difference from the loop.
+
+'jit': one global program over a ('data', 'fsdp', 'tensor') mesh (`transformer.partitioning`).
+  Parameters and optimizer state are laid out by the logical-axis rules (replicated for
+  pure data parallelism, sharded for FSDP and tensor parallelism); every batch is one
+  global array split along its first dimension over data x fsdp. XLA inserts the
+  collectives (gradient all-reduce, weight all-gathers, reduce-scatters).
+'pmap': data parallelism only; the state is replicated per local device and the batch
+  split into [devices, B / devices, ...]; the step psums over the axis name 'batch'.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer import partitioning
 from transformer.training.train_step import StepConfig, TrainState, eval_step, train_step
 
-DATA_AXIS = "data"
 PMAP_AXIS = "batch"
 
 
-def make_mesh(devices: list | None = None) -> Mesh:
-  """A 1-D mesh over all devices with the axis 'data'."""
-  devices = jax.devices() if devices is None else devices
-  return Mesh(np.asarray(devices), (DATA_AXIS,))
+def make_mesh(devices: list | None = None, shape: Mapping[str, int] | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh; by default all devices on 'data'."""
+  return partitioning.make_mesh(shape or {"data": -1}, devices)
 
 
 class StepRunner:
   """Compiles and runs train / eval steps with the chosen parallelism."""
 
-  def __init__(self, cfg: StepConfig, parallelism: str, mesh: Mesh | None = None):
+  def __init__(
+    self,
+    cfg: StepConfig,
+    parallelism: str,
+    mesh: Mesh | None = None,
+    rules: Mapping[str, Any] | None = None,
+  ):
     if parallelism not in ("jit", "pmap"):
       raise ValueError(f"parallelism must be jit or pmap, got {parallelism!r}")
-    self.parallelism = parallelism
+    self.cfg, self.parallelism, self.rules = cfg, parallelism, rules
     self.mesh = make_mesh() if mesh is None else mesh
-    self.num_devices = self.mesh.devices.size if parallelism == "jit" else jax.local_device_count()
     if parallelism == "jit":
-      self.batch_sharding = NamedSharding(self.mesh, PartitionSpec(DATA_AXIS))
+      self.num_devices = self.mesh.devices.size
+      self.batch_sharding = partitioning.batch_sharding(self.mesh, rules)
       self.replicated = NamedSharding(self.mesh, PartitionSpec())
-      self._train = jax.jit(
-        functools.partial(train_step, cfg=cfg),
-        in_shardings=(self.replicated, self.batch_sharding),
-        out_shardings=(self.replicated, self.replicated),
-        donate_argnums=0,
-      )
-      self._eval = jax.jit(
-        functools.partial(eval_step, cfg=cfg),
-        in_shardings=(self.replicated, self.batch_sharding),
-        out_shardings=self.replicated,
-      )
+      self._train = self._eval = None  # compiled once the state's layout is known
+      self.state_sharding = None
     else:
+      if self.mesh.devices.size != jax.device_count() or self.mesh.shape["data"] != self.mesh.size:
+        raise ValueError("parallelism='pmap' is data parallelism on all devices: use mesh data=-1")
+      self.num_devices = jax.local_device_count()
       pcfg = dataclasses.replace(cfg, axis_name=PMAP_AXIS)
       self._train = jax.pmap(
         functools.partial(train_step, cfg=pcfg), axis_name=PMAP_AXIS, donate_argnums=0
@@ -60,16 +64,56 @@ class StepRunner:
       self._eval = jax.pmap(functools.partial(eval_step, cfg=pcfg), axis_name=PMAP_AXIS)
 
   def check_batch_size(self, batch_size: int, name: str = "batch_size") -> None:
-    per_process = jax.local_device_count() if self.parallelism == "pmap" else self.num_devices
+    """`batch_size` is this process's rows; they must split evenly over its devices."""
+    if self.parallelism == "pmap":
+      per_process = jax.local_device_count()
+    else:
+      spec = self.batch_sharding.spec[0]
+      names = (spec,) if isinstance(spec, str) else tuple(spec or ())
+      splits = int(np.prod([self.mesh.shape[n] for n in names])) if names else 1
+      per_process = max(splits // jax.process_count(), 1)
     if batch_size % per_process:
       raise ValueError(f"config.{name}={batch_size}: must be divisible by {per_process} devices")
 
-  # State placement ------------------------------------------------------------------
+  # State layout -----------------------------------------------------------------------
+
+  def _layout(self, state: TrainState) -> None:
+    """Shardings of the state (from its parameters) and the jitted steps that use them."""
+    if self.parallelism != "jit" or self.state_sharding is not None:
+      return
+    abstract = jax.eval_shape(lambda: state)
+    self.state_sharding = partitioning.state_shardings(
+      abstract, abstract.params, self.mesh, self.rules
+    )
+    self.param_sharding = self.state_sharding.params
+    mesh, rules = self.mesh, self.rules
+
+    def laid_out(fn):
+      """fn traced with activation sharding constraints for this mesh."""
+
+      def wrapped(*args):
+        with partitioning.activation_layout(mesh, rules):
+          return fn(*args)
+
+      return wrapped
+
+    self._train = jax.jit(
+      laid_out(functools.partial(train_step, cfg=self.cfg)),
+      in_shardings=(self.state_sharding, self.batch_sharding),
+      out_shardings=(self.state_sharding, self.replicated),
+      donate_argnums=0,
+    )
+    self._eval = jax.jit(
+      laid_out(functools.partial(eval_step, cfg=self.cfg)),
+      in_shardings=(self.param_sharding, self.batch_sharding),
+      out_shardings=self.replicated,
+    )
 
   def place_state(self, state: TrainState) -> TrainState:
     """Host or single-device state -> the layout the compiled step expects."""
     if self.parallelism == "jit":
-      return jax.device_put(state, self.replicated)
+      self._layout(state)
+      return jax.device_put(state, self.state_sharding)
     devices = jax.local_devices()
     stacked = NamedSharding(Mesh(np.asarray(devices), (PMAP_AXIS,)), PartitionSpec(PMAP_AXIS))
 
@@ -87,16 +131,17 @@ class StepRunner:
 
   def state_target(self, abstract: TrainState) -> Any:
     """Abstract state with the shardings a checkpoint should be restored into."""
-    sharding = (
-      self.replicated
-      if self.parallelism == "jit"
-      else jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    )
+    if self.parallelism == "jit":
+      self._layout(abstract)
+      shardings = self.state_sharding
+    else:
+      one = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+      shardings = jax.tree.map(lambda _: one, abstract)
     return jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract
+      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), abstract, shardings
     )
 
-  # Batches --------------------------------------------------------------------------
+  # Batches ----------------------------------------------------------------------------
 
   def place_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows -> a global sharded batch (jit) or [devices, ...] (pmap)."""
@@ -108,17 +153,20 @@ class StepRunner:
     n = jax.local_device_count()
     return {k: np.asarray(v).reshape(n, v.shape[0] // n, *v.shape[1:]) for k, v in batch.items()}
 
-  # Steps ----------------------------------------------------------------------------
+  # Steps ------------------------------------------------------------------------------
 
   def train(self, state: TrainState, batch: dict[str, np.ndarray]) -> tuple[TrainState, dict]:
+    if self._train is None:
+      raise RuntimeError("place_state(state) first: it fixes the state's layout")
     state, metrics = self._train(state, self.place_batch(batch))
     if self.parallelism == "pmap":
       metrics = jax.tree.map(lambda x: x[0], metrics)
     return state, metrics
 
   def eval(self, state: TrainState, batch: dict[str, np.ndarray]) -> dict:
-    params = state.params
-    sums = self._eval(params, self.place_batch(batch))
+    if self._eval is None:
+      self._layout(state)
+    sums = self._eval(state.params, self.place_batch(batch))
     if self.parallelism == "pmap":
       sums = jax.tree.map(lambda x: x[0], sums)
     return sums

@@ -1,0 +1,208 @@
+"""Logical axis names for every parameter, and rules mapping them onto a device mesh.
+
+The mesh has three named axes (sizes from config.mesh):
+
+  data    pure data parallelism: the batch is split, parameters are replicated
+  fsdp    the batch is split AND parameters / optimizer state are sharded over 'embed'
+          (ZeRO-3 / FSDP: XLA all-gathers weights where they are used)
+  tensor  Megatron-style tensor parallelism over heads, the FFN hidden dim and the vocab
+
+Each parameter gets logical axis names from its path (`LOGICAL_AXES`, first match wins;
+a parameter no pattern matches is an error, so a new layer cannot silently go
+unsharded). `RULES` maps logical names to mesh axes; config.mesh_rules overrides them. A
+dimension whose size the mesh axis does not divide is replicated instead. Parameters
+stacked by nn.scan carry a leading 'layers' axis (replicated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+# (pattern on the '/'-joined parameter path, logical axes of the parameter's dimensions).
+LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+  (r"(query)/kernel$", ("embed", "heads", "head_dim")),
+  (r"(key|value)/kernel$", ("embed", "kv_heads", "head_dim")),
+  (r"(query)/bias$", ("heads", "head_dim")),
+  (r"(key|value)/bias$", ("kv_heads", "head_dim")),
+  (r"out/kernel$", ("heads", "head_dim", "embed")),
+  (r"(wi|wi_0|wi_1)/kernel$", ("embed", "mlp")),
+  (r"(wi|wi_0|wi_1)/bias$", ("mlp",)),
+  (r"wo/kernel$", ("mlp", "embed")),
+  (r"(token_embed|shared_embed)/embedding$", ("vocab", "embed")),
+  (r"(lm_head|mlm_head)/kernel$", ("embed", "vocab")),
+  (r"mlm_bias$", ("vocab",)),
+  (r"(token_type_embed|positions)/embedding$", (None, "embed")),
+  (r"pos_embedding$", (None, None, "embed")),
+  (r"cls$", (None, None, "embed")),
+  (r"patch_embed/kernel$", (None, None, None, "embed")),
+  (r"(mlm_transform|pooler)/kernel$", ("embed", None)),
+  (r"(classifier|head)/kernel$", ("embed", None)),
+  (r"(rel_embedding|rel_key_embedding)$", (None, None)),
+  (r"(norm[^/]*)/(scale|bias)$", ("embed",)),
+  (r"(out|wo|patch_embed|mlm_transform|pooler|classifier|head)/bias$", (None,)),
+)
+
+# Logical axis -> mesh axis (or axes, or None = replicated).
+RULES: dict[str, str | tuple[str, ...] | None] = {
+  "batch": ("data", "fsdp"),
+  "embed": "fsdp",
+  "heads": "tensor",
+  "kv_heads": "tensor",
+  "mlp": "tensor",
+  "vocab": "tensor",
+  "head_dim": None,
+  "layers": None,
+}
+
+
+def _path(keypath) -> str:
+  """'a/b/c' for dict keys, attribute names and sequence indices alike."""
+  parts = []
+  for k in keypath:
+    for attr in ("key", "name", "idx"):
+      if hasattr(k, attr):
+        parts.append(str(getattr(k, attr)))
+        break
+    else:
+      parts.append(str(k))
+  return "/".join(parts)
+
+
+def logical_axes(params: Any) -> Any:
+  """The tree of logical-axis tuples (one name or None per dimension) of `params`."""
+
+  def axes_of(keypath, leaf):
+    path = _path(keypath)
+    for pattern, axes in LOGICAL_AXES:
+      if re.search(pattern, path):
+        extra = len(leaf.shape) - len(axes)
+        if extra == 1 and ("/layers/" in f"/{path}/"):  # nn.scan-stacked parameter
+          return ("layers", *axes)
+        if extra != 0:
+          raise ValueError(f"parameter {path} has shape {leaf.shape}, rule gives axes {axes}")
+        return axes
+    raise ValueError(f"parameter {path} matches no rule in partitioning.LOGICAL_AXES")
+
+  return jax.tree_util.tree_map_with_path(axes_of, params)
+
+
+def make_mesh(shape: Mapping[str, int], devices: Sequence | None = None) -> Mesh:
+  """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 (all remaining devices)."""
+  devices = list(jax.devices() if devices is None else devices)
+  unknown = sorted(set(shape) - set(MESH_AXES))
+  if unknown:
+    raise ValueError(f"config.mesh: unknown axes {unknown}; expected {MESH_AXES}")
+  sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
+  if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"config.mesh={dict(shape)}: sizes must be >= 1, with at most one -1")
+  known = int(np.prod([s for s in sizes if s != -1]))
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ValueError(
+        f"config.mesh={dict(shape)}: {len(devices)} devices not divisible by {known}"
+      )
+    sizes[sizes.index(-1)] = len(devices) // known
+  if int(np.prod(sizes)) != len(devices):
+    raise ValueError(
+      f"config.mesh={dict(zip(MESH_AXES, sizes, strict=True))} needs {int(np.prod(sizes))} "
+      f"devices, have {len(devices)}"
+    )
+  return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+
+
+def spec_for(
+  axes: tuple[str | None, ...], shape: tuple[int, ...], mesh: Mesh, rules: Mapping | None = None
+) -> PartitionSpec:
+  """PartitionSpec of one array: rules applied, mesh axes used once, indivisible dims replicated."""
+  rules = RULES if rules is None else {**RULES, **rules}
+  used: set[str] = set()
+  spec = []
+  for name, size in zip(axes, shape, strict=True):
+    target = rules.get(name) if name is not None else None
+    names = (target,) if isinstance(target, str) else tuple(target or ())
+    names = tuple(n for n in names if n not in used and mesh.shape.get(n, 1) > 1)
+    total = int(np.prod([mesh.shape[n] for n in names])) if names else 1
+    if not names or size % total:
+      spec.append(None)
+      continue
+    used.update(names)
+    spec.append(names[0] if len(names) == 1 else names)
+  return PartitionSpec(*spec)
+
+
+def param_shardings(params: Any, mesh: Mesh, rules: Mapping | None = None) -> Any:
+  """NamedSharding for every parameter, from its logical axes and the rules."""
+  axes = logical_axes(params)
+  return jax.tree.map(
+    lambda a, p: NamedSharding(mesh, spec_for(a, tuple(p.shape), mesh, rules)),
+    axes,
+    params,
+    is_leaf=lambda x: isinstance(x, tuple),
+  )
+
+
+def state_shardings(state: Any, params: Any, mesh: Mesh, rules: Mapping | None = None) -> Any:
+  """Shardings for a train state: parameter-shaped subtrees (Adam moments) follow the
+  parameters by path suffix; everything else (step, counts, rng) is replicated."""
+  by_path = {}
+  for keypath, sharding in jax.tree_util.tree_leaves_with_path(
+    param_shardings(params, mesh, rules)
+  ):
+    by_path[_path(keypath)] = sharding
+  shapes = {_path(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+  replicated = NamedSharding(mesh, PartitionSpec())
+
+  def pick(keypath, leaf):
+    path = _path(keypath)
+    for suffix, sharding in by_path.items():
+      matches = path == suffix or path.endswith("/" + suffix)
+      if matches and tuple(leaf.shape) == shapes[suffix]:
+        return sharding
+    return replicated
+
+  return jax.tree_util.tree_map_with_path(pick, state)
+
+
+def batch_sharding(mesh: Mesh, rules: Mapping | None = None) -> NamedSharding:
+  """The batch's first dimension split over the 'batch' rule's axes (data and fsdp)."""
+  rules = RULES if rules is None else {**RULES, **rules}
+  target = rules["batch"]
+  names = (target,) if isinstance(target, str) else tuple(target or ())
+  return NamedSharding(mesh, PartitionSpec(names if names else None))
+
+
+# ----------------------------------------------------------------------------------------
+# Activations: sharding constraints by logical axes, active while a step is traced.
+
+_LAYOUT: contextvars.ContextVar = contextvars.ContextVar("activation_layout", default=None)
+
+
+@contextlib.contextmanager
+def activation_layout(mesh: Mesh, rules: Mapping | None = None):
+  """Within this context, `constrain` pins activations to the mesh by their logical axes."""
+  token = _LAYOUT.set((mesh, rules))
+  try:
+    yield
+  finally:
+    _LAYOUT.reset(token)
+
+
+def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
+  """x laid out by logical `axes` (e.g. ('batch', 'length', 'embed')); outside a
+  `activation_layout` context (single device, tests, decoding) it returns x unchanged."""
+  layout = _LAYOUT.get()
+  if layout is None:
+    return x
+  mesh, rules = layout
+  spec = spec_for(axes, tuple(x.shape), mesh, rules)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
