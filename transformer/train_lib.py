@@ -4,6 +4,14 @@ config -> validated parts -> data (grain iterators) -> model + optimizer -> rest
 latest checkpoint in `workdir` if any (train state + data position) -> steps, metrics,
 evaluations and checkpoints -> final evaluation, curves PNG and (for LMs) a text sample.
 Rerunning the same command continues an interrupted run exactly.
+
+Faults (docs/RELIABILITY.md): a killed run resumes bit-exactly from its latest checkpoint;
+SIGTERM (or, on several processes, JAX's preemption sync point) saves the current step
+within `preemption_grace_seconds` and returns; a NaN/Inf update is never applied and
+stops the run naming the step, the quantity and the last good checkpoint (or is skipped
+and counted with `skip_nonfinite`). `debug_inject_nan_at_step` poisons one update for
+tests; `TRANSFORMER_TRACE_PHASES=1` prints `phase NAME STEP` lines to stderr for the
+fault-injection harness (benchmarks/kill_resume.py).
 """
 
 from __future__ import annotations
@@ -13,6 +21,8 @@ import json
 import logging
 import os
 import signal
+import sys
+import threading
 import time
 from typing import Any
 
@@ -68,8 +78,22 @@ def load_model_config(workdir: str) -> ModelConfig:
   path = os.path.join(workdir, MODEL_CONFIG_FILE)
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path}: no saved model config (is {workdir} a training workdir?)")
-  with open(path, encoding="utf-8") as f:
-    return ModelConfig(**json.load(f))
+  try:
+    with open(path, encoding="utf-8") as f:
+      fields = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: unreadable saved model config ({e})") from None
+  if not isinstance(fields, dict):
+    raise ValueError(f"{path}: the saved model config is not a JSON object")
+  return ModelConfig(**fields)
+
+
+def _write_json_atomic(path: str, value: Any) -> None:
+  """Writes JSON via a temporary file and a rename: a kill leaves the old file or the new."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(value, f, indent=2)
+  os.replace(tmp, path)
 
 
 def _check_model_matches(workdir: str, model_cfg: ModelConfig) -> None:

@@ -51,6 +51,7 @@ class StepConfig:
   grad_accum_steps: int = 1
   axis_name: str | None = None  # set for pmap
   schedule: Any = None  # count -> learning rate, for logging
+  inject_nonfinite: tuple[int, str] | None = None  # tests: (update, 'loss' | 'grads') made NaN
 
 
 def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
@@ -116,12 +117,19 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
     grads, sums = lax.psum((grads, sums), cfg.axis_name)
   denom = jnp.maximum(sums["weight_sum"], 1.0)
   grads = jax.tree.map(lambda g: g / denom, grads)
+  if cfg.inject_nonfinite is not None:  # fault injection (tests): poison one update
+    nan = jnp.where(state.step + 1 == cfg.inject_nonfinite[0], jnp.nan, 0.0)
+    if cfg.inject_nonfinite[1] == "loss":
+      sums = {**sums, "loss_sum": sums["loss_sum"] + nan}
+    else:
+      grads = jax.tree.map(lambda g: g + nan.astype(g.dtype), grads)
   updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
 
   grad_norm = _global_norm(grads)
+  update_norm = _global_norm(updates)
   loss = sums["loss_sum"] / denom
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
   metrics = {
     "loss": loss,
     "normalized_loss": loss - offset,  # 0 for a model matching the smoothed targets
@@ -130,7 +138,7 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
     "tokens": sums["weight_sum"],
     "grad_norm": grad_norm,
     "param_norm": _global_norm(state.params),
-    "update_norm": _global_norm(updates),
+    "update_norm": update_norm,
     "learning_rate": cfg.schedule(state.step) if cfg.schedule is not None else jnp.nan,
   }
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
