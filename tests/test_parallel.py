@@ -5,7 +5,6 @@ device counts."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -27,9 +26,16 @@ MIXED = {"data": 2, "fsdp": 2, "tensor": 2}
 def _config(family: str) -> ModelConfig:
   extra = {"num_classes": 4, "image_size": 8, "patch_size": 4} if family == "vit" else {}
   return ModelConfig(
-    family=family, vocab_size=V, d_model=32, num_heads=4, num_kv_heads=2, num_layers=1,
-    d_ff=64, max_len=16, **extra,
-  )  # fmt: skip
+    family=family,
+    vocab_size=V,
+    d_model=32,
+    num_heads=4,
+    num_kv_heads=2,
+    num_layers=1,
+    d_ff=64,
+    max_len=16,
+    **extra,
+  )
 
 
 def _batches(kind: str, n: int = 5) -> list[dict[str, np.ndarray]]:
@@ -40,17 +46,36 @@ def _batches(kind: str, n: int = 5) -> list[dict[str, np.ndarray]]:
     seg = np.ones((B, T), np.int32)
     pos = np.tile(np.arange(T, dtype=np.int32), (B, 1))
     if kind == "lm":
-      b = dict(inputs=ids[:, :-1], targets=ids[:, 1:], weights=np.ones((B, T), np.float32),
-               segment_ids=seg, positions=pos)  # fmt: skip
+      b = dict(
+        inputs=ids[:, :-1],
+        targets=ids[:, 1:],
+        weights=np.ones((B, T), np.float32),
+        segment_ids=seg,
+        positions=pos,
+      )
     elif kind == "mlm":
-      b = dict(inputs=ids[:, :-1], targets=ids[:, 1:], weights=(rng.random((B, T)) < 0.3).astype(np.float32),
-               segment_ids=seg, positions=pos)  # fmt: skip
+      b = dict(
+        inputs=ids[:, :-1],
+        targets=ids[:, 1:],
+        weights=(rng.random((B, T)) < 0.3).astype(np.float32),
+        segment_ids=seg,
+        positions=pos,
+      )
     elif kind == "seq2seq":
-      b = dict(inputs=ids[:, :-1], targets=ids[:, 1:], inputs_segment_ids=seg, targets_segment_ids=seg,
-               inputs_positions=pos, targets_positions=pos, weights=np.ones((B, T), np.float32))  # fmt: skip
+      b = dict(
+        inputs=ids[:, :-1],
+        targets=ids[:, 1:],
+        inputs_segment_ids=seg,
+        targets_segment_ids=seg,
+        inputs_positions=pos,
+        targets_positions=pos,
+        weights=np.ones((B, T), np.float32),
+      )
     else:
-      b = dict(image=rng.standard_normal((B, 8, 8, 3)).astype(np.float32),
-               label=rng.integers(0, 4, size=(B,)).astype(np.int32))  # fmt: skip
+      b = dict(
+        image=rng.standard_normal((B, 8, 8, 3)).astype(np.float32),
+        label=rng.integers(0, 4, size=(B,)).astype(np.int32),
+      )
     out.append(b)
   return out
 
@@ -113,8 +138,11 @@ def test_layout_matches_one_device_and_shards_as_the_rules_say(family, mesh_shap
     expected = partitioning.spec_for(ax, leaf.shape, mesh)
     assert leaf.sharding.spec == expected, jax.tree_util.keystr(path)
   # The rules really shard something: FFN inputs over tensor and/or fsdp.
-  wi = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)
-        if "wi" in jax.tree_util.keystr(path) and "kernel" in jax.tree_util.keystr(path)][0]  # fmt: skip
+  wi = [
+    leaf
+    for path, leaf in jax.tree_util.tree_leaves_with_path(state.params)
+    if "wi" in jax.tree_util.keystr(path) and "kernel" in jax.tree_util.keystr(path)
+  ][0]
   expected_wi = P(
     "fsdp" if mesh.shape["fsdp"] > 1 else None, "tensor" if mesh.shape["tensor"] > 1 else None
   )
@@ -132,7 +160,8 @@ def test_every_parameter_of_every_family_has_logical_axes():
       model = build_model(cfg)
       kind = KIND[family]
       args, kwargs = init_inputs(kind, jax.tree.map(lambda x: x[:1], _batches(kind, 1)[0]))
-      params = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *args, **kwargs))["params"]
+      init = lambda m=model, a=args, k=kwargs: m.init(jax.random.PRNGKey(0), *a, **k)
+      params = jax.eval_shape(init)["params"]
       axes = partitioning.logical_axes(params)
       for ax, leaf in zip(
         jax.tree.leaves(axes, is_leaf=lambda x: isinstance(x, tuple)),
@@ -173,3 +202,58 @@ def test_checkpoint_from_8_devices_restores_on_4_and_1_and_continues(tmp_path):
     assert len(leaf.sharding.device_set) == len(devices)
     losses, _ = _train(runner, restored.state, batches[3:])
     np.testing.assert_allclose(losses, reference, atol=1e-5)
+
+
+def _losses(workdir) -> list[float]:
+  import json
+  import os
+
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [r["loss"] for r in map(json.loads, f)]
+
+
+def test_two_processes_on_localhost_match_one_process(tmp_path):
+  """jax.distributed over CPU (gloo): each process feeds its half of the global batch."""
+  import os
+  import socket
+  import subprocess
+  import sys
+
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+
+  def command(workdir):
+    return [
+      sys.executable,
+      os.path.join(repo, "train.py"),
+      f"--config={os.path.join(repo, 'tests', 'tiny_lm_config.py')}",
+      f"--workdir={workdir}",
+      "--config.model.dropout_rate=0.0",
+      "--config.num_train_steps=4",
+    ]
+
+  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  single = subprocess.run(command(tmp_path / "one"), env=env, capture_output=True, text=True)
+  assert single.returncode == 0, single.stderr[-2000:]
+  procs = [
+    subprocess.Popen(
+      command(tmp_path / "two"),
+      env={
+        **env,
+        "TRANSFORMER_COORDINATOR": f"127.0.0.1:{port}",
+        "TRANSFORMER_NUM_PROCESSES": "2",
+        "TRANSFORMER_PROCESS_ID": str(i),
+      },
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+    )
+    for i in range(2)
+  ]
+  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
+  one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
+  assert len(one) == len(two) >= 3
+  np.testing.assert_allclose(two, one, atol=1e-5)

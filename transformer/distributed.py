@@ -15,6 +15,9 @@ import jax
 def maybe_initialize() -> None:
   """Initialises jax.distributed if the environment describes a multi-process run."""
   coordinator = os.environ.get("TRANSFORMER_COORDINATOR")
+  if coordinator or os.environ.get("TRANSFORMER_DISTRIBUTED") == "1":
+    # Collectives between CPU processes (tests, CPU clusters) go through gloo.
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
   if coordinator:
     jax.distributed.initialize(
       coordinator_address=coordinator,

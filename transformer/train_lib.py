@@ -20,9 +20,7 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -39,6 +37,7 @@ from transformer.training import checkpoints, schedules
 from transformer.training.metric_writers import MetricWriter, plot_curves
 from transformer.training.optimizer import create_optimizer
 from transformer.training.parallel import StepRunner
+from transformer.training.preemption import Preemption, run_within
 from transformer.training.tasks import TOKEN_KEY, init_inputs
 from transformer.training.train_step import (
   StepConfig,
@@ -156,34 +155,23 @@ def _load_init_from(path: str, params: Any) -> Any:
   return params
 
 
-class _Preemption:
-  """SIGTERM sets a flag; the loop saves a checkpoint at the current step and returns."""
-
-  def __init__(self):
-    self.requested = False
-    self._previous = None
-
-  def __enter__(self):
-    def handler(signum, frame):
-      self.requested = True
-
-    try:
-      self._previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:  # not the main thread
-      self._previous = None
-    return self
-
-  def __exit__(self, *exc):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+class _EvaluationInterrupted(Exception):
+  """Internal: a preemption notice arrived during an evaluation."""
 
 
-def evaluate(runner: StepRunner, state: TrainState, eval_factory, max_batches: int = 0) -> dict:
-  """Means over the evaluation split (or its first `max_batches` batches)."""
+def evaluate(
+  runner: StepRunner, state: TrainState, eval_factory, max_batches: int = 0, should_stop=None
+) -> dict:
+  """Means over the evaluation split (or its first `max_batches` batches).
+
+  `should_stop()`, checked before each batch, abandons the evaluation when True.
+  """
   totals: dict[str, float] = {}
   for i, batch in enumerate(eval_factory()):
     if max_batches and i >= max_batches:
       break
+    if should_stop is not None and should_stop():
+      raise _EvaluationInterrupted
     sums = jax.device_get(runner.eval(state, batch))
     for k, v in sums.items():
       totals[k] = totals.get(k, 0.0) + float(v)
@@ -192,13 +180,39 @@ def evaluate(runner: StepRunner, state: TrainState, eval_factory, max_batches: i
   return summarize_eval(totals)
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
-  """Trains the model `config` describes in `workdir`; returns the final eval metrics."""
+INJECT_WHERE = ("inputs", "loss", "grads")
+
+
+def validate(config: ml_collections.ConfigDict) -> experiment.Experiment:
+  """`experiment.validate` plus the fault-handling loop fields; ValueError names the field."""
   exp = experiment.validate(config)
   loop = exp.loop
+  grace = loop["preemption_grace_seconds"]
+  if not grace > 0:  # also rejects NaN
+    raise ValueError(f"config.preemption_grace_seconds={grace!r}: must be > 0")
+  at, where = loop["debug_inject_nan_at_step"], loop["debug_inject_nan_in"]
+  if at == 0 or at < -1:
+    raise ValueError(f"config.debug_inject_nan_at_step={at!r}: must be -1 (off) or >= 1")
+  if where not in INJECT_WHERE:
+    raise ValueError(f"config.debug_inject_nan_in={where!r}: must be one of {INJECT_WHERE}")
+  if at > 0 and where == "inputs" and exp.data.kind == "classification":
+    raise ValueError(
+      "config.debug_inject_nan_in='inputs': data kind 'classification' has no floating-point "
+      "input to poison; use 'loss' or 'grads'"
+    )
+  return exp
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, float]:
+  """Trains the model `config` describes in `workdir`; returns the final eval metrics.
+
+  A preempted run returns {'preempted': 1.0, 'step': N} after saving step N.
+  """
+  exp = validate(config)
+  loop = exp.loop
   workdir = prepare_workdir(workdir)
-  with WorkdirLock(workdir):
-    return _train(config, exp, loop, workdir)
+  with WorkdirLock(workdir) as lock, Preemption(loop["preemption_grace_seconds"]) as preemption:
+    return _train(config, exp, loop, workdir, lock, preemption)
 
 
 @dataclasses.dataclass
@@ -218,7 +232,7 @@ class Setup:
 
 def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
   """Data, model, optimizer, compiled steps and an initial state for `config`."""
-  exp = experiment.validate(config) if exp is None else exp
+  exp = validate(config) if exp is None else exp
   loop = exp.loop
   train_iter, eval_factory, info = make_datasets(
     exp.data, workdir, loop["batch_size"], loop["seq_len"], loop["seed"]
@@ -232,6 +246,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
   schedule = schedules.create_schedule(**exp.schedule)
   params = init_params(model, kind, info, loop["seed"])
   tx = create_optimizer(exp.optimizer, schedule, params)
+  inject = (loop["debug_inject_nan_at_step"], loop["debug_inject_nan_in"])
   step_cfg = StepConfig(
     model=model,
     tx=tx,
@@ -240,6 +255,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
     z_loss=loop["z_loss"],
     grad_accum_steps=loop["grad_accum_steps"],
     schedule=schedule,
+    inject_nonfinite=inject if inject[0] > 0 and inject[1] != "inputs" else None,
   )
   mesh = partitioning.make_mesh(exp.mesh)
   runner = StepRunner(step_cfg, loop["parallelism"], mesh, exp.rules)
@@ -251,8 +267,18 @@ def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
   return Setup(exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state)
 
 
-def _train(config, exp: experiment.Experiment, loop: dict, workdir: str) -> dict[str, float]:
+_TRACE = os.environ.get("TRANSFORMER_TRACE_PHASES") == "1"
+
+
+def _phase(name: str, step: int) -> None:
+  """`phase NAME STEP` on stderr when TRANSFORMER_TRACE_PHASES=1 (fault-injection harness)."""
+  if _TRACE:
+    print(f"phase {name} {step}", file=sys.stderr, flush=True)
+
+
+def _train(config, exp, loop, workdir, lock, preemption) -> dict[str, float]:
   is_primary = jax.process_index() == 0
+  _phase("build", 0)
   s = build(config, workdir, exp)
   _check_model_matches(workdir, s.model_cfg)
   ckpt = checkpoints.CheckpointManager(
@@ -263,6 +289,7 @@ def _train(config, exp: experiment.Experiment, loop: dict, workdir: str) -> dict
   )
   with ckpt:
     state = s.state
+    _phase("restore", 0)
     restored = ckpt.restore(s.runner.state_target(jax.eval_shape(lambda: state)))
     if restored is not None:
       state = restored.state
@@ -274,18 +301,21 @@ def _train(config, exp: experiment.Experiment, loop: dict, workdir: str) -> dict
       state = state.replace(opt_state=s.tx.init(state.params))
     if is_primary:
       checkpoints.write_config(config, workdir)
-      with open(os.path.join(workdir, MODEL_CONFIG_FILE), "w", encoding="utf-8") as f:
-        json.dump(s.model_cfg.to_dict(), f, indent=2)
+      _write_json_atomic(os.path.join(workdir, MODEL_CONFIG_FILE), s.model_cfg.to_dict())
     start = int(jax.device_get(state.step))
+    if preemption.requested:  # SIGTERM while building: nothing new to save
+      print(f"{preemption.source} before training started: nothing new to save; stopped")
+      return {"preempted": 1.0, "step": float(start)}
     writer = MetricWriter(
       workdir,
       is_primary=is_primary,
       total_steps=loop["num_train_steps"],
       resume_step=start if restored is not None else None,
     )
-    with writer, _Preemption() as preemption:
+    with writer:
       state = s.runner.place_state(state)
-      final_metrics, state = _loop(s, state, ckpt, writer, preemption, config, start)
+      final_metrics, state = _loop(s, state, ckpt, writer, preemption, lock, config, start)
+    _phase("finish", int(final_metrics.get("step", loop["num_train_steps"])))
     ckpt.wait_until_finished()
   if is_primary:
     plot_curves([writer.jsonl_path], os.path.join(workdir, "curves.png"))
@@ -304,29 +334,54 @@ def _save(ckpt, runner, state, train_iter, config, metrics=None) -> int:
   return step
 
 
-def _check_finite(runner, state, loop, ckpt) -> None:
-  """Stops the run at the first update whose loss or gradients were NaN/Inf.
+def _describe_nonfinite(metrics: dict) -> str:
+  """Which of the step's inputs, loss, gradients and update were NaN/Inf."""
+  m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  parts = []
+  if not np.isfinite(m.get("tokens", 0.0)):
+    parts.append(f"inputs (the batch's weights sum to {m['tokens']})")
+  if not np.isfinite(m["loss"]):
+    parts.append(f"loss ({m['loss']})")
+  if not np.isfinite(m["grad_norm"]):
+    parts.append(f"gradients (global norm {m['grad_norm']})")
+  if not np.isfinite(m["update_norm"]):
+    parts.append(f"optimizer update (global norm {m['update_norm']})")
+  shown = ", ".join(parts) or "loss or gradients"
+  return f"non-finite {shown}" + (f"; loss was {m['loss']:.6g}" if np.isfinite(m["loss"]) else "")
+
+
+def _check_finite(runner, state, loop, ckpt, pending: dict) -> None:
+  """Stops the run at the first update whose inputs, loss, gradients or update were NaN/Inf.
 
   The step records it on the device (no per-step host sync); the update was not applied,
-  so the state is the last good one, and no checkpoint of it is written.
+  and no checkpoint is written past it. `pending` holds the (device) metrics of the
+  updates since the last check, so the message can name the quantity.
   """
   if loop["skip_nonfinite"]:
     return
-  host = jax.device_get(runner.host_state(state))
-  if int(host.nonfinite_count):
-    ckpt.wait_until_finished()
-    good = ckpt.latest_step()
-    raise NonFiniteError(
-      f"step {int(host.first_nonfinite_step)}: loss or gradients are NaN/Inf; the update was "
-      f"not applied and training stopped; last good checkpoint: "
-      f"{'step ' + str(good) if good is not None else 'none'} in {ckpt.directory} (kept)"
-    )
+  host = runner.host_state(state)
+  count, first = jax.device_get((host.nonfinite_count, host.first_nonfinite_step))
+  if not int(count):
+    pending.clear()
+    return
+  first = int(first)
+  what = _describe_nonfinite(pending[first]) if first in pending else "non-finite loss or gradients"
+  ckpt.wait_until_finished()
+  good = ckpt.latest_step()
+  raise NonFiniteError(
+    f"step {first}: {what}; the update was not applied and training stopped; last good "
+    f"checkpoint: {'step ' + str(good) if good is not None else 'none'} in {ckpt.directory} "
+    "(kept). Rerunning resumes there and meets the same data: lower the learning rate, fix "
+    "the data, or set --config.skip_nonfinite=True to skip and count such updates"
+  )
 
 
-def _periodic_eval(s: Setup, state: TrainState, done: int, writer: MetricWriter) -> dict:
+def _periodic_eval(s: Setup, state, done: int, writer: MetricWriter, preemption) -> dict:
   """Loss metrics on the evaluation split, plus BLEU for translation when it is due."""
   loop = s.exp.loop
-  metrics = evaluate(s.runner, state, s.eval_factory, loop["eval_batches"])
+  metrics = evaluate(
+    s.runner, state, s.eval_factory, loop["eval_batches"], preemption.interrupts_evaluation
+  )
   total = loop["num_train_steps"]
   if s.exp.data.kind == "seq2seq" and loop["bleu_every"]:
     if done % loop["bleu_every"] == 0 or done == total:
@@ -345,22 +400,65 @@ def _periodic_eval(s: Setup, state: TrainState, done: int, writer: MetricWriter)
   return metrics
 
 
-def _loop(s: Setup, state, ckpt, writer, preemption, config, start):
+def _poison_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """The batch with a NaN in the first element of every floating-point array."""
+  out = dict(batch)
+  for key, value in batch.items():
+    if np.issubdtype(np.asarray(value).dtype, np.floating):
+      out[key] = np.array(value, copy=True)
+      out[key].reshape(-1)[0] = np.nan
+  return out
+
+
+def _save_within_grace(s: Setup, state, ckpt, preemption, lock, config, done: int) -> None:
+  """Saves step `done` and waits for it or, if the grace period runs out first, exits the
+  process at once (status 0), the previous checkpoint staying the latest."""
+  previous = ckpt.latest_step()
+
+  def save():
+    _save(ckpt, s.runner, state, s.train_iter, config)
+    ckpt.wait_until_finished()
+
+  _phase("save", done)
+  if run_within(save, preemption.remaining()):
+    return
+  print(
+    f"{preemption.source}: the grace period of {preemption.grace:g}s ran out before the "
+    f"checkpoint at step {done} was written; exiting without it. The latest complete "
+    f"checkpoint is {'step ' + str(previous) if previous is not None else 'none'} in "
+    f"{ckpt.directory}; rerun the same command to resume",
+    flush=True,
+  )
+  sys.stderr.flush()
+  lock.release()
+  os._exit(0)  # skips waiting for the unfinished write in the checkpoint thread
+
+
+def _loop(s: Setup, state, ckpt, writer, preemption, lock, config, start):
   loop, runner, train_iter, kind = s.exp.loop, s.runner, s.train_iter, s.exp.data.kind
   total = loop["num_train_steps"]
   token_key = TOKEN_KEY[kind]
+  poison_at = loop["debug_inject_nan_at_step"] if loop["debug_inject_nan_in"] == "inputs" else -1
   eval_metrics: dict[str, float] = {}
+  pending: dict[int, dict] = {}  # update -> device metrics since the last NaN check
   last_time, tokens_since, examples_since = time.perf_counter(), 0.0, 0
+  _phase("train", start)
   for step in range(start, total):
+    done = step + 1
     batch = next(train_iter)
+    if done == poison_at:
+      batch = _poison_inputs(batch)
     rows = len(batch[token_key])
     tokens_since += rows if kind == "image" else float(np.count_nonzero(batch[token_key] > 0))
     examples_since += rows
     state, metrics = runner.train(state, batch)
-    done = step + 1
+    if not loop["skip_nonfinite"]:
+      pending[done] = metrics
+    if preemption.reached(done):
+      break
     if done % loop["log_every"] == 0 or done == total or done == start + 1:
       metrics = jax.device_get(metrics)
-      _check_finite(runner, state, loop, ckpt)
+      _check_finite(runner, state, loop, ckpt, pending)
       now = time.perf_counter()
       elapsed = max(now - last_time, 1e-9)
       scalars = {k: float(v) for k, v in metrics.items()}
@@ -372,21 +470,33 @@ def _loop(s: Setup, state, ckpt, writer, preemption, config, start):
       last_time, tokens_since, examples_since = now, 0.0, 0
     is_eval = done == total or (loop["eval_every"] and done % loop["eval_every"] == 0)
     if is_eval:
-      _check_finite(runner, state, loop, ckpt)
-      eval_metrics = _periodic_eval(s, state, done, writer)
-    if done % loop["checkpoint_every"] == 0 or done == total or preemption.requested:
-      _check_finite(runner, state, loop, ckpt)  # never checkpoint past a NaN
+      _check_finite(runner, state, loop, ckpt, pending)
+      _phase("eval", done)
+      try:
+        eval_metrics = _periodic_eval(s, state, done, writer, preemption)
+      except _EvaluationInterrupted:
+        break
+      _phase("train", done)
+    if done % loop["checkpoint_every"] == 0 or done == total:
+      _check_finite(runner, state, loop, ckpt, pending)  # never checkpoint past a NaN
       ranked = {f"eval_{k}": v for k, v in eval_metrics.items()} if is_eval else None
       if loop["best_metric"] and ranked is None:
         ranked = {f"eval_{loop['best_metric']}": float("nan")}
+      _phase("save", done)
       _save(ckpt, runner, state, train_iter, config, ranked)
-    if preemption.requested:
-      ckpt.wait_until_finished()
-      print(f"SIGTERM: saved a checkpoint at step {done} and stopped")
-      return {"preempted": 1.0, "step": float(done)}, state
-  if start >= total:  # already finished: evaluate the restored state again
-    eval_metrics = evaluate(runner, state, s.eval_factory, loop["eval_batches"])
-  return eval_metrics, state
+      _phase("train", done)
+  else:  # the loop ran to its end (or there was nothing left to do)
+    if start >= total:  # already finished: evaluate the restored state again
+      eval_metrics = evaluate(runner, state, s.eval_factory, loop["eval_batches"])
+    return eval_metrics, state
+  # A preemption notice: save this step (never past a NaN) within the grace period.
+  _check_finite(runner, state, loop, ckpt, pending)
+  _save_within_grace(s, state, ckpt, preemption, lock, config, done)
+  print(
+    f"{preemption.source}: saved a checkpoint at step {done} in {ckpt.directory} and stopped; "
+    "rerun the same command to resume"
+  )
+  return {"preempted": 1.0, "step": float(done)}, state
 
 
 def _print_sample(model, params, info: DataInfo, loop: dict) -> None:

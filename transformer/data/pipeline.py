@@ -238,7 +238,9 @@ def lm_dataset(
         batch_size,
         loader,
       )
-    ds = _shuffled(_shard(starts, loader), seed, loader).map(features.Windows(tokens, seq_len))
+    # Shuffle, then deal windows to hosts: the global batch is the same set of windows
+    # whatever the number of processes (multi-host runs reproduce single-host losses).
+    ds = _shard(_shuffled(starts, seed, loader), loader).map(features.Windows(tokens, seq_len))
     return _train_batches(_to_iter(ds, loader), batch_size, loader)
   lengths = {"inputs": seq_len, "targets": seq_len}
   if not train:

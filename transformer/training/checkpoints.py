@@ -1,10 +1,12 @@
 """Checkpoints: a thin wrapper over orbax `CheckpointManager` with our safety rules.
 
-One checkpoint is the directory `<directory>/<step>/` holding three orbax items:
-  state   the train-state pytree (params, opt_state, step, rng, ...): `StandardSave`
-          (tensorstore/OCDBT arrays + JSON metadata; never pickle)
-  data    the data-iterator state, a JSON dict (absent when not given)
-  config  the run config as JSON (absent when not given)
+One checkpoint is the directory `<directory>/<step>/` holding four orbax items:
+  state      the train-state pytree (params, opt_state, step, rng, ...): `StandardSave`
+             (tensorstore/OCDBT arrays + JSON metadata; never pickle)
+  checksums  JSON: CRC32, dtype and shape of every array of `state`, taken from the host
+             copy before writing (absent in older checkpoints, which are not verified)
+  data       the data-iterator state, a JSON dict (absent when not given)
+  config     the run config as JSON (absent when not given)
 
 Rules on top of orbax:
   * keep the newest `max_to_keep` steps plus the best `keep_best` by the eval metric
@@ -17,8 +19,12 @@ Rules on top of orbax:
     checkpoint restores onto any device count or mesh; the checkpoint's tree is compared
     with the target from its metadata first, and a mismatch is a `ValueError` naming the
     paths;
-  * a corrupt or truncated newest checkpoint is moved to `<directory>/corrupt/<step>`
-    (never deleted) with a `CorruptCheckpointWarning`, and the next newest is tried.
+  * a corrupt or truncated newest checkpoint (unreadable files, or arrays whose CRC32
+    differs from the saved one: tensorstore reads a flipped byte inside a compressed
+    chunk silently) is moved to `<directory>/corrupt/<step>` (never deleted) with a
+    `CorruptCheckpointWarning` naming what was wrong, and the next newest is tried;
+  * nothing is unpickled: orbax reads JSON and tensorstore arrays, and files planted
+    beside them (e.g. a `.pkl` or `.npy`) are never opened.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import warnings
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,7 +45,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
-STATE, DATA, CONFIG = "state", "data", "config"
+STATE, DATA, CONFIG, CHECKSUMS = "state", "data", "config", "checksums"
 CORRUPT_DIR = "corrupt"
 _MAX_LISTED = 20  # paths named per category in a mismatch error
 
@@ -70,6 +78,8 @@ class CheckpointManager:
     best_mode: "min" or "max": which value of `best_metric` is best.
     keep_best: best checkpoints kept in addition to the newest ones.
     async_save: write in a background thread (`wait_until_finished` to block).
+    checksums: save the CRC32 of every state array and verify it on restore (costs one
+      extra device-to-host copy of the state per save).
   """
 
   def __init__(
@@ -81,6 +91,7 @@ class CheckpointManager:
     best_mode: str = "min",
     keep_best: int = 1,
     async_save: bool = True,
+    checksums: bool = True,
   ):
     if max_to_keep is not None and (not _is_int(max_to_keep) or max_to_keep < 1):
       raise ValueError(f"max_to_keep must be an int >= 1 or None; got {max_to_keep!r}")
@@ -93,6 +104,7 @@ class CheckpointManager:
     if not isinstance(async_save, bool):
       raise ValueError(f"async_save must be a bool; got {async_save!r}")
     self._directory = epath.Path(directory)
+    self._checksums = bool(checksums)
     self._best_metric, self._best_mode = best_metric, best_mode
     policies: list[Any] = [checkpoint_managers.LatestN(n=max_to_keep)]
     best_fn = None
@@ -120,9 +132,10 @@ class CheckpointManager:
     self._manager = ocp.CheckpointManager(
       self._directory,
       options=options,
-      item_names=(STATE, DATA, CONFIG),
+      item_names=(STATE, CHECKSUMS, DATA, CONFIG),
       item_handlers={
         STATE: ocp.StandardCheckpointHandler(),
+        CHECKSUMS: ocp.JsonCheckpointHandler(),
         DATA: ocp.JsonCheckpointHandler(),
         CONFIG: ocp.JsonCheckpointHandler(),
       },
@@ -178,6 +191,8 @@ class CheckpointManager:
       raise ValueError(f"step must be an int >= 0; got {step!r}")
     _check_state_leaves(state)
     items = {STATE: ocp.args.StandardSave(state)}
+    if self._checksums:
+      items[CHECKSUMS] = ocp.args.JsonSave(_checksums(state))
     if data_state is not None:
       items[DATA] = ocp.args.JsonSave(_json_roundtrip("data_state", data_state))
     if config is not None:
@@ -250,7 +265,7 @@ class CheckpointManager:
     _compare(self._state_metadata(step), target, check_dtypes)
     step_dir = self._directory / str(step)
     items = {STATE: ocp.args.StandardRestore(target)}
-    for name in (DATA, CONFIG):
+    for name in (CHECKSUMS, DATA, CONFIG):
       if (step_dir / name).exists():
         items[name] = ocp.args.JsonRestore()
     try:
@@ -258,6 +273,8 @@ class CheckpointManager:
     except Exception as error:
       self._diagnose(step, items)  # raises _Corrupt when the files are at fault
       raise error
+    if restored.get(CHECKSUMS) is not None:
+      _verify(restored[CHECKSUMS], restored[STATE])
     return Restored(step, restored[STATE], restored.get(DATA), restored.get(CONFIG))
 
   def restore_numpy(self, step: int) -> Any:
@@ -343,10 +360,60 @@ def write_config(
   """Writes `config_to_json(config)` to `workdir/filename` (process 0 only); returns the path."""
   path = epath.Path(workdir) / filename
   text = json.dumps(config_to_json(config), indent=2, sort_keys=True)
-  if jax.process_index() == 0:
+  if jax.process_index() == 0:  # via a temporary file: a kill leaves the old file or the new
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text + "\n")
+    tmp = path.parent / f".{filename}.tmp-{os.getpid()}"
+    tmp.write_text(text + "\n")
+    tmp.replace(path)
   return path
+
+
+def _host_arrays(state: Any) -> dict[str, np.ndarray | None]:
+  """Path -> host copy of every leaf (None for an array sharded over several hosts)."""
+  flat = {}
+  for keypath, leaf in jax.tree_util.tree_leaves_with_path(state):
+    if isinstance(leaf, jax.Array):
+      if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+        leaf = jax.random.key_data(leaf)
+      if not leaf.is_fully_addressable:
+        leaf = leaf.addressable_data(0) if leaf.is_fully_replicated else None
+    flat[_path_str(_key_tuple(keypath))] = leaf
+  fetched = jax.device_get([v for v in flat.values() if v is not None])
+  it = iter(fetched)
+  return {k: None if v is None else np.asarray(next(it)) for k, v in flat.items()}
+
+
+def _crc32(array: np.ndarray) -> int:
+  return zlib.crc32(np.ascontiguousarray(array).reshape(-1).view(np.uint8))
+
+
+def _checksums(state: Any) -> dict[str, Any]:
+  """{'crc32': {path: [crc, dtype, shape]}} of every state leaf held by this host."""
+  sums = {
+    path: [_crc32(a), str(a.dtype), list(a.shape)]
+    for path, a in _host_arrays(state).items()
+    if a is not None
+  }
+  return {"crc32": sums}
+
+
+def _verify(saved: Any, restored_state: Any) -> None:
+  """Raises _Corrupt naming the arrays whose CRC32 differs from the one saved with them."""
+  if not isinstance(saved, dict) or not isinstance(saved.get("crc32"), dict):
+    raise _Corrupt("item 'checksums' is malformed")
+  bad = []
+  for path, array in _host_arrays(restored_state).items():
+    entry = saved["crc32"].get(path)
+    if entry is None or array is None:
+      continue
+    crc, dtype, shape = entry
+    if str(array.dtype) != dtype or list(array.shape) != list(shape):
+      continue  # restored with a cast (check_dtypes=False): cannot compare bytes
+    if _crc32(array) != crc:
+      bad.append(f"{path} (saved crc32 {crc:#010x}, read {_crc32(array):#010x})")
+  if bad:
+    shown = ", ".join(bad[:_MAX_LISTED]) + (" ..." if len(bad) > _MAX_LISTED else "")
+    raise _Corrupt(f"checksum mismatch in {len(bad)} array(s): {shown}")
 
 
 def _is_int(x: Any) -> bool:
