@@ -55,6 +55,7 @@ LOOP_FIELDS: dict[str, tuple[Any, str]] = {
   "init_from": ("", "workdir or checkpoint folder whose matching parameters initialise the model"),
   "bleu_every": (0, "seq2seq: steps between BLEU evaluations (and at the end); 0 = never"),
   "bleu_beam_size": (1, "seq2seq: beam size of the BLEU decoding (1 = greedy)"),
+  "compilation_cache_dir": ("", "persistent XLA compilation cache folder ('' = off)"),
   "sample_prompt": ("", "LM only: text whose continuation is printed at the end"),
   "sample_tokens": (200, "LM only: tokens sampled at the end (0 = no sample)"),
   "sample_temperature": (0.8, "LM only: sampling temperature of the final sample"),

@@ -211,6 +211,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
   exp = validate(config)
   loop = exp.loop
   workdir = prepare_workdir(workdir)
+  if loop["compilation_cache_dir"]:  # reuse compiled steps across runs and restarts
+    jax.config.update("jax_compilation_cache_dir", loop["compilation_cache_dir"])
   with WorkdirLock(workdir) as lock, Preemption(loop["preemption_grace_seconds"]) as preemption:
     return _train(config, exp, loop, workdir, lock, preemption)
 
@@ -338,8 +340,8 @@ def _describe_nonfinite(metrics: dict) -> str:
   """Which of the step's inputs, loss, gradients and update were NaN/Inf."""
   m = {k: float(v) for k, v in jax.device_get(metrics).items()}
   parts = []
-  if not np.isfinite(m.get("tokens", 0.0)):
-    parts.append(f"inputs (the batch's weights sum to {m['tokens']})")
+  if m.get("nonfinite_inputs", 0.0) or not np.isfinite(m.get("tokens", 0.0)):
+    parts.append("inputs (a NaN/Inf in the batch)")
   if not np.isfinite(m["loss"]):
     parts.append(f"loss ({m['loss']})")
   if not np.isfinite(m["grad_norm"]):
@@ -461,7 +463,7 @@ def _loop(s: Setup, state, ckpt, writer, preemption, lock, config, start):
       _check_finite(runner, state, loop, ckpt, pending)
       now = time.perf_counter()
       elapsed = max(now - last_time, 1e-9)
-      scalars = {k: float(v) for k, v in metrics.items()}
+      scalars = {k: float(v) for k, v in metrics.items() if k != "nonfinite_inputs"}
       scalars["tokens_per_sec"] = tokens_since * jax.process_count() / elapsed
       scalars["examples_per_sec"] = examples_since * jax.process_count() / elapsed
       if loop["skip_nonfinite"]:

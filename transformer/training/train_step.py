@@ -88,6 +88,17 @@ def _global_norm(tree) -> jax.Array:
   return optax.tree.norm(tree)
 
 
+def _inputs_finite(batch: Batch, axis_name: str | None) -> jax.Array:
+  """bool scalar: no NaN/Inf in any floating-point array of the (global) batch."""
+  checks = [
+    jnp.isfinite(x).all() for x in jax.tree.leaves(batch) if jnp.issubdtype(x.dtype, jnp.floating)
+  ]
+  ok = jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+  if axis_name is not None:  # pmap: every device must take the same decision
+    ok = lax.pmin(ok.astype(jnp.int32), axis_name) > 0
+  return ok
+
+
 def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[TrainState, dict]:
   """One optimizer update on the (global) batch; returns the new state and metrics."""
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
@@ -129,7 +140,8 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
   grad_norm = _global_norm(grads)
   update_norm = _global_norm(updates)
   loss = sums["loss_sum"] / denom
-  finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
+  inputs_finite = _inputs_finite(batch, cfg.axis_name)
+  finite = inputs_finite & jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
   metrics = {
     "loss": loss,
     "normalized_loss": loss - offset,  # 0 for a model matching the smoothed targets
@@ -140,6 +152,7 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
     "param_norm": _global_norm(state.params),
     "update_norm": update_norm,
     "learning_rate": cfg.schedule(state.step) if cfg.schedule is not None else jnp.nan,
+    "nonfinite_inputs": (~inputs_finite).astype(jnp.float32),  # 1: a NaN/Inf in the batch
   }
   new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
   # A NaN/Inf update is never applied: the old weights and optimizer state are kept and the
