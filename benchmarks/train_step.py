@@ -1,17 +1,28 @@
-"""Train-step throughput, compile time and MFU of the reference GPT config.
+"""Train-step throughput, compile time and MFU of our train step on the benchmark workloads.
 
-  python benchmarks/train_step.py [--steps 20] [--dtype float32] [--batch 16] [--seq 256]
+  python benchmarks/train_step.py [--workload gpt] [--steps 20] [--dtype float32]
 
-Reference GPT: vocab 4096, d_model 256, 4 layers, 4 heads, d_ff 1024, sequence 256,
-batch 16, dropout 0.1, label smoothing 0.1, AdamW, clipping 1.0. MFU is the model's
-matmul FLOPs per second (`transformer.config.flops_per_token`, forward + backward) over
-the machine's matmul peak, measured here with a large square matmul in the same dtype.
-Prints a Markdown table.
+Workloads (`WORKLOADS`, shared with `torch_reference.py` and `compare.py`), all pre-LN,
+exact GELU, learned positions, dropout 0.1 (embeddings, residual branches, feed-forward
+hidden, attention weights), label smoothing 0.1, AdamW (3e-4, b2 0.98, eps 1e-9, weight
+decay 1e-4), clipping at global norm 1.0:
+
+  gpt      decoder LM: vocab 4096, D 256, 4 layers, 4 heads, F 1024, T 256, batch 16
+  bert     masked LM of the same size (bidirectional, MLM head tied, 15% of positions scored)
+  seq2seq  encoder-decoder of the same size, 4 + 4 layers, cross-attention, S = T = 256
+  vit      ViT-Ti/4 on 28x28x1 images: D 192, 3 heads, 12 layers, F 768, 49 patches + [CLS],
+           10 classes, batch 64
+
+The step is `transformer.training.train_step` compiled by `StepRunner` (jit, one device,
+state donated). MFU is model matmul FLOPs per second (`transformer.config.flops_per_token`,
+forward + backward) over the machine's matmul peak, measured here with large square
+matmuls in the same dtype (`matmul_peak`). Prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
@@ -23,70 +34,172 @@ import optax
 from transformer.config import ModelConfig, flops_per_token
 from transformer.models import build_model
 from transformer.training.parallel import StepRunner, make_mesh
+from transformer.training.tasks import init_inputs
 from transformer.training.train_step import StepConfig, create_train_state
 
+# The reference GPT; the other workloads keep its sizes.
 REFERENCE = dict(
   family="decoder", vocab_size=4096, d_model=256, num_heads=4, num_layers=4, d_ff=1024,
   max_len=256, position="learned", activation="gelu", dropout_rate=0.1,
   attention_dropout_rate=0.1,
 )  # fmt: skip
+VIT_TI_4 = dict(
+  family="vit", d_model=192, num_heads=3, num_layers=12, d_ff=768, image_size=28,
+  patch_size=4, num_channels=1, num_classes=10, max_len=50, position="learned",
+  activation="gelu", norm_eps=1e-6, dropout_rate=0.1, attention_dropout_rate=0.1,
+)  # fmt: skip
+LEARNING_RATE, B2, EPS, WEIGHT_DECAY, CLIP, LABEL_SMOOTHING, MASK_RATE = (
+  3e-4, 0.98, 1e-9, 1e-4, 1.0, 0.1, 0.15,
+)  # fmt: skip
 
 
-def matmul_peak(dtype: str = "float32", n: int = 2048, repeats: int = 10) -> float:
-  """Best achieved FLOP/s of an n x n x n matmul (2 n^3 FLOPs), the machine's practical peak."""
-  a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
-  f = jax.jit(lambda x: x @ x)
-  f(a).block_until_ready()
-  best = float("inf")
-  for _ in range(repeats):
-    t = time.perf_counter()
+@dataclasses.dataclass(frozen=True)
+class Workload:
+  """One benchmark model and its batch. `seq` is the tokens per example that tokens/s counts
+  (the target side for seq2seq, patches + [CLS] for ViT)."""
+
+  name: str
+  model: ModelConfig
+  kind: str  # lm | mlm | seq2seq | image (transformer.training.tasks)
+  batch: int
+  seq: int
+
+  @property
+  def tokens_per_step(self) -> int:
+    return self.batch * self.seq
+
+  @property
+  def flops_per_step(self) -> float:
+    """Model matmul FLOPs of one training step (forward + backward)."""
+    return self.tokens_per_step * flops_per_token(self.model, self.seq, training=True)
+
+
+WORKLOADS = {
+  "gpt": Workload("gpt", ModelConfig(**REFERENCE), "lm", 16, 256),
+  "bert": Workload("bert", ModelConfig(**{**REFERENCE, "family": "encoder"}), "mlm", 16, 256),
+  "seq2seq": Workload(
+    "seq2seq", ModelConfig(**{**REFERENCE, "family": "seq2seq"}), "seq2seq", 16, 256
+  ),
+  "vit": Workload("vit", ModelConfig(**VIT_TI_4), "image", 64, 50),
+}
+
+
+def with_model(w: Workload, **changes) -> Workload:
+  return dataclasses.replace(w, model=w.model.replace(**changes))
+
+
+def matmul_peak(dtype: str = "float32", sizes=(1024, 2048), repeats: int = 10) -> float:
+  """Best achieved FLOP/s of n x n x n matmuls (2 n^3 FLOPs): the machine's practical peak."""
+  best = 0.0
+  for n in sizes:
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), dtype)
+    f = jax.jit(lambda x: x @ x)
     f(a).block_until_ready()
-    best = min(best, time.perf_counter() - t)
-  return 2 * n**3 / best
+    for _ in range(repeats):
+      t = time.perf_counter()
+      f(a).block_until_ready()
+      best = max(best, 2 * n**3 / (time.perf_counter() - t))
+  return best
 
 
-def lm_batch(rng, batch: int, seq: int, vocab: int) -> dict[str, np.ndarray]:
-  tokens = rng.integers(1, vocab, size=(batch, seq + 1)).astype(np.int32)
+def make_batch(w: Workload, rng: np.random.Generator) -> dict[str, np.ndarray]:
+  """One batch in `transformer.data`'s format for the workload's kind (no padding)."""
+  b, t, c = w.batch, w.seq, w.model
+  ones = np.ones((b, t), np.int32)
+  positions = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy()
+  if w.kind == "image":
+    image = rng.standard_normal((b, c.image_size, c.image_size, c.num_channels))
+    return {
+      "image": image.astype(np.float32),
+      "label": rng.integers(0, c.num_classes, size=b).astype(np.int32),
+    }
+  if w.kind == "lm":
+    tokens = rng.integers(1, c.vocab_size, size=(b, t + 1)).astype(np.int32)
+    return {
+      "inputs": tokens[:, :-1],
+      "targets": tokens[:, 1:],
+      "weights": np.ones((b, t), np.float32),
+      "segment_ids": ones,
+      "positions": positions,
+    }
+  tokens = rng.integers(2, c.vocab_size, size=(b, t)).astype(np.int32)
+  if w.kind == "mlm":  # MASK_RATE of positions replaced by id 1 ([MASK]) and scored
+    masked = rng.random((b, t)) < MASK_RATE
+    return {
+      "inputs": np.where(masked, 1, tokens).astype(np.int32),
+      "targets": tokens,
+      "weights": masked.astype(np.float32),
+      "segment_ids": ones,
+      "positions": positions,
+    }
+  source = rng.integers(2, c.vocab_size, size=(b, t)).astype(np.int32)
   return {
-    "inputs": tokens[:, :-1],
-    "targets": tokens[:, 1:],
-    "weights": np.ones((batch, seq), np.float32),
-    "segment_ids": np.ones((batch, seq), np.int32),
-    "positions": np.broadcast_to(np.arange(seq, dtype=np.int32), (batch, seq)).copy(),
+    "inputs": source,
+    "targets": tokens,
+    "weights": np.ones((b, t), np.float32),
+    "inputs_segment_ids": ones,
+    "targets_segment_ids": ones,
+    "inputs_positions": positions,
+    "targets_positions": positions,
   }
 
 
-def benchmark(model_cfg: ModelConfig, batch: int, seq: int, steps: int, warmup: int = 3) -> dict:
-  model = build_model(model_cfg)
-  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-4, b2=0.98, eps=1e-9))
-  step_cfg = StepConfig(model=model, tx=tx, kind="lm", label_smoothing=0.1)
-  runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, seq), jnp.int32))["params"]
-  state = runner.place_state(create_train_state(params, tx, jax.random.PRNGKey(1)))
-  rng = np.random.default_rng(0)
-  batches = [lm_batch(rng, batch, seq, model_cfg.vocab_size) for _ in range(4)]
+def optimizer() -> optax.GradientTransformation:
+  return optax.chain(
+    optax.clip_by_global_norm(CLIP),
+    optax.adamw(LEARNING_RATE, b2=B2, eps=EPS, weight_decay=WEIGHT_DECAY),
+  )
 
-  t = time.perf_counter()
-  compiled = runner._train.lower(state, runner.place_batch(batches[0])).compile()
-  compile_s = time.perf_counter() - t
-  placed = [runner.place_batch(b) for b in batches]
-  for i in range(warmup):
-    state, m = compiled(state, placed[i % len(placed)])
-  jax.block_until_ready(m)
-  times = []
-  for i in range(steps):
+
+class OursStep:
+  """Our compiled train step on one workload: `compile()` once, then `step()` per update."""
+
+  def __init__(self, w: Workload, num_batches: int = 4, seed: int = 0):
+    self.w = w
+    model = build_model(w.model)
+    tx = optimizer()
+    step_cfg = StepConfig(model=model, tx=tx, kind=w.kind, label_smoothing=LABEL_SMOOTHING)
+    self.runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
+    rng = np.random.default_rng(seed)
+    self.batches = [make_batch(w, rng) for _ in range(num_batches)]
+    init_batch = {k: v[:1] for k, v in self.batches[0].items()}
+    args, kwargs = init_inputs(w.kind, init_batch)
+    params = jax.jit(lambda r: model.init(r, *args, **kwargs))(jax.random.PRNGKey(0))["params"]
+    self.state = self.runner.place_state(create_train_state(params, tx, jax.random.PRNGKey(1)))
+    self.placed = [self.runner.place_batch(b) for b in self.batches]
+    self.compiled = None
+    self.i = 0
+
+  def compile(self) -> float:
+    """Seconds to lower and compile the train step."""
     t = time.perf_counter()
-    state, m = compiled(state, placed[i % len(placed)])
-    jax.block_until_ready(m)
+    self.compiled = self.runner._train.lower(self.state, self.placed[0]).compile()
+    return time.perf_counter() - t
+
+  def step(self) -> float:
+    """One update, waited for; returns its loss."""
+    self.state, m = self.compiled(self.state, self.placed[self.i % len(self.placed)])
+    self.i += 1
+    return float(m["loss"])
+
+
+def benchmark(w: Workload, steps: int, warmup: int = 3) -> dict:
+  ours = OursStep(w)
+  compile_s = ours.compile()
+  for _ in range(warmup):
+    ours.step()
+  times = []
+  for _ in range(steps):
+    t = time.perf_counter()
+    loss = ours.step()
     times.append(time.perf_counter() - t)
   step_s = statistics.median(times)
-  tokens_per_s = batch * seq / step_s
   return {
     "compile_s": compile_s,
     "step_ms": 1e3 * step_s,
-    "tokens_per_s": tokens_per_s,
-    "model_flops_per_s": tokens_per_s * flops_per_token(model_cfg, seq, training=True),
-    "loss": float(m["loss"]),
+    "tokens_per_s": w.tokens_per_step / step_s,
+    "model_flops_per_s": w.flops_per_step / step_s,
+    "loss": loss,
   }
 
 
@@ -94,16 +207,19 @@ def main():
   parser = argparse.ArgumentParser(
     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
   )
+  parser.add_argument("--workload", default="gpt", choices=sorted(WORKLOADS))
   parser.add_argument("--steps", type=int, default=20)
-  parser.add_argument("--batch", type=int, default=16)
-  parser.add_argument("--seq", type=int, default=256)
+  parser.add_argument("--batch", type=int, default=None, help="default: the workload's")
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--attention_impl", default="xla")
   args = parser.parse_args()
-  cfg = ModelConfig(**REFERENCE, dtype=args.dtype, attention_impl=args.attention_impl)
+  w = with_model(WORKLOADS[args.workload], dtype=args.dtype, attention_impl=args.attention_impl)
+  if args.batch:
+    w = dataclasses.replace(w, batch=args.batch)
   peak = matmul_peak(args.dtype)
-  r = benchmark(cfg, args.batch, args.seq, args.steps)
+  r = benchmark(w, args.steps)
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, dtype {args.dtype}")
+  print(f"workload: {w.name}, batch {w.batch} x {w.seq} tokens")
   print("| metric | value |\n|---|---|")
   print(f"| measured matmul peak | {peak / 1e9:.1f} GFLOP/s |")
   print(f"| compile time | {r['compile_s']:.2f} s |")

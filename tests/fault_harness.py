@@ -157,9 +157,9 @@ def interrupt(run: Run, workdir: str, delay: float, sig: int = signal.SIGKILL) -
   if not finished:
     run.signal(sig)
   code = run.wait()
-  phase = "finished" if finished else run.phase_at(when)
-  if phase == "train" and writes:
-    phase = "train+async write"
+  phase = "exited" if finished else run.phase_at(when)
+  if writes and not finished:
+    phase += "+write"  # an asynchronous checkpoint write was in flight
   return {"phase": phase, "writes": writes, "code": code, "steps": saved_steps(workdir)}
 
 

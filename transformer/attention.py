@@ -28,6 +28,7 @@ from jax import lax
 
 from transformer import positional
 from transformer.config import ModelConfig
+from transformer.layers import bernoulli
 from transformer.partitioning import constrain
 
 # Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
@@ -218,7 +219,7 @@ def _xla_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, return_weight
   weights = jax.nn.softmax(logits, axis=-1)  # [B, N, T, S] float32
   probs = weights
   if dropout_rate > 0.0:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    keep = bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     probs = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
   probs = probs.astype(v.dtype).reshape(b, kv, n // kv, t, s)  # [B, K, G, T, S]
   out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)  # [B, T, N, H]
@@ -285,7 +286,7 @@ def _chunked_attention(q, k, v, mask, mask_info, bias, dropout_rate, dropout_rng
       denom = denom * correction + p.sum(axis=-1)
       if dropout_rate > 0.0:
         rng = jax.random.fold_in(dropout_rng, qi * nk + kj)
-        keep = jax.random.bernoulli(rng, 1.0 - dropout_rate, p.shape)
+        keep = bernoulli(rng, 1.0 - dropout_rate, p.shape)
         p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
       pv = jnp.einsum(
         "BKGTS,BSKH->BKGTH",

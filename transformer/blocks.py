@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 from transformer.attention import MaskInfo, MultiHeadAttention
 from transformer.config import ModelConfig
-from transformer.layers import FeedForward, make_norm
+from transformer.layers import Dropout, FeedForward, make_norm
 from transformer.partitioning import constrain
 
 REMAT_POLICIES = {
@@ -27,7 +27,7 @@ REMAT_POLICIES = {
 
 def residual(config: ModelConfig, x: jax.Array, sublayer, norm_name: str, deterministic: bool):
   """Pre-LN: x + drop(f(norm(x))). Post-LN (Vaswani et al.): norm(x + drop(f(x)))."""
-  drop = nn.Dropout(config.dropout_rate)
+  drop = Dropout(config.dropout_rate)
   if config.norm_position == "pre":
     return x + drop(sublayer(make_norm(config, norm_name)(x)), deterministic=deterministic)
   return make_norm(config, norm_name)(x + drop(sublayer(x), deterministic=deterministic))

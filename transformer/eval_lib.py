@@ -84,6 +84,10 @@ def evaluate(
   kind = setup.exp.data.kind
   if prompts and kind != "lm":
     raise ValueError(f"--prompt is for language models; this run trains {kind!r}")
+  if prompts:  # bad prompts fail before any evaluation work
+    evaluation.check_prompts(
+      setup.info.tokenizer, list(prompts), max_new_tokens, setup.model_cfg.max_len
+    )
   placed = setup.runner.place_state(state) if setup.runner.parallelism == "pmap" else state
   batches = setup.exp.loop["eval_batches"] if eval_batches is None else eval_batches
   metrics = train_lib.evaluate(setup.runner, placed, setup.eval_factory, batches)

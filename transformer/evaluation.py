@@ -32,24 +32,9 @@ def sample_texts(
   seed: int = 0,
 ) -> list[dict[str, str]]:
   """`num_samples` continuations of each prompt (LMs). Raises ValueError for bad prompts."""
-  tok = tokenizer
-  max_len = model.config.max_len
-  rows, texts = [], []
-  for prompt in prompts:
-    if not prompt:
-      raise ValueError("--prompt is empty: give at least one character to continue")
-    unknown = tok.unknown_chars(prompt) if hasattr(tok, "unknown_chars") else {}
-    if unknown:
-      chars = "".join(sorted(unknown))
-      raise ValueError(f"prompt {prompt!r} has characters outside the vocabulary: {chars!r}")
-    rows += [tok.encode(prompt)] * num_samples
-    texts += [prompt] * num_samples
-  limit = max_len - max(len(r) for r in rows)
-  if max_new_tokens > limit:
-    raise ValueError(
-      f"{max_new_tokens} new tokens after a {max_len - limit}-token prompt "
-      f"exceed the model's max_len={max_len}; ask for at most {limit}"
-    )
+  rows = check_prompts(tokenizer, prompts, max_new_tokens, model.config.max_len)
+  rows = [r for r in rows for _ in range(num_samples)]
+  texts = [p for p in prompts for _ in range(num_samples)]
   out = decoding.generate(
     model,
     params,
@@ -62,7 +47,30 @@ def sample_texts(
     rng=jax.random.PRNGKey(seed),
   )
   tokens = np.asarray(out.tokens)
-  return [{"prompt": p, "sample": tok.decode(t)} for p, t in zip(texts, tokens, strict=True)]
+  return [{"prompt": p, "sample": tokenizer.decode(t)} for p, t in zip(texts, tokens, strict=True)]
+
+
+def check_prompts(tokenizer: Any, prompts: list[str], max_new_tokens: int, max_len: int) -> list:
+  """Token ids of each prompt; ValueError for an empty prompt, characters the vocabulary
+  lacks, or a length the model cannot hold."""
+  rows = []
+  for prompt in prompts:
+    if not prompt:
+      raise ValueError("--prompt is empty: give at least one character to continue")
+    unknown = tokenizer.unknown_chars(prompt) if hasattr(tokenizer, "unknown_chars") else {}
+    if unknown:
+      chars = "".join(sorted(unknown))
+      raise ValueError(f"prompt {prompt!r} has characters outside the vocabulary: {chars!r}")
+    rows.append(tokenizer.encode(prompt))
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+  longest = max(len(r) for r in rows)
+  if longest + max_new_tokens > max_len:
+    raise ValueError(
+      f"{max_new_tokens} new tokens after a {longest}-token prompt exceed the model's "
+      f"max_len={max_len}; ask for at most {max_len - longest}"
+    )
+  return rows
 
 
 def _strip(ids: np.ndarray) -> list[int]:

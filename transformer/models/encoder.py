@@ -12,7 +12,14 @@ import jax.numpy as jnp
 from transformer.attention import MaskInfo
 from transformer.blocks import Stack
 from transformer.config import ModelConfig
-from transformer.layers import Embedder, compute_dtype, default_positions, make_embed, make_norm
+from transformer.layers import (
+  Dropout,
+  Embedder,
+  compute_dtype,
+  default_positions,
+  make_embed,
+  make_norm,
+)
 
 
 class TransformerEncoder(nn.Module):
@@ -45,7 +52,7 @@ class TransformerEncoder(nn.Module):
       x = x + make_embed(c, c.type_vocab_size, "token_type_embed")(types)
     if self.embed_norm:
       x = make_norm(c, "embed_norm")(x)
-    x = nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)
+    x = Dropout(c.dropout_rate)(x, deterministic=deterministic)
     info = MaskInfo.create(segment_ids, q_positions=positions, window=c.sliding_window)
     return Stack(c, c.num_layers, name="layers")(x, info, deterministic=deterministic)
 
@@ -100,6 +107,6 @@ class SequenceClassifier(nn.Module):
       valid = (tokens != 0 if segment_ids is None else segment_ids > 0)[..., None]  # [B, T, 1]
       pooled = (x * valid).sum(1) / jnp.maximum(valid.sum(1), 1)  # [B, D]
     pooled = jnp.tanh(nn.Dense(c.d_model, dtype=compute_dtype(c), name="pooler")(pooled))
-    pooled = nn.Dropout(c.dropout_rate)(pooled, deterministic=deterministic)
+    pooled = Dropout(c.dropout_rate)(pooled, deterministic=deterministic)
     logits = nn.Dense(c.num_classes, dtype=compute_dtype(c), name="classifier")(pooled)
     return logits.astype(jnp.float32)  # [B, C]

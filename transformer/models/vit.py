@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from transformer.attention import MaskInfo
 from transformer.blocks import Stack
 from transformer.config import ModelConfig
-from transformer.layers import compute_dtype
+from transformer.layers import Dropout, compute_dtype
 from transformer.positional import sincos_2d_table
 
 
@@ -50,7 +50,7 @@ class VisionTransformer(nn.Module):
     if c.position == "learned":
       pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, x.shape[1], c.d_model))
       x = x + pos.astype(dtype)  # [B, 1 + G*G, D]
-    x = nn.Dropout(c.dropout_rate)(x, deterministic=deterministic)
+    x = Dropout(c.dropout_rate)(x, deterministic=deterministic)
     info = MaskInfo.create(jnp.ones(x.shape[:2], jnp.int32)).replace(
       q_segment_ids=None, kv_segment_ids=None
     )

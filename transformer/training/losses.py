@@ -25,6 +25,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 def smoothing_offset(label_smoothing: float, vocab_size: int) -> float:
@@ -122,7 +123,16 @@ def accuracy_sum(
   """
   _check_logits_targets(logits, targets, "accuracy_sum")
   weights = _weights_or_ones(weights, targets, "accuracy_sum")
-  correct = jnp.argmax(logits, axis=-1) == targets  # [...]
+  # argmax(logits) == target without argmax (a variadic reduce, slow on CPU): the target
+  # attains the maximum and no lower class id does; NaN counts as the maximum, as in argmax.
+  top = jnp.max(logits, axis=-1, keepdims=True)  # [..., 1]
+  is_top = (logits == top) | jnp.isnan(logits)  # [..., V]
+  target = targets[..., None].astype(jnp.int32)
+  target_logit = jnp.take_along_axis(logits, target, -1, mode="clip")  # [..., 1]
+  target_is_top = ((target_logit == top) | jnp.isnan(target_logit))[..., 0]  # [...]
+  ids = lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+  lower_is_top = jnp.any(is_top & (ids < target), axis=-1)  # [...]
+  correct = target_is_top & ~lower_is_top  # [...]
   keep = weights > 0
   w = weights.astype(jnp.float32)
   return jnp.sum(jnp.where(keep & correct, w, 0.0)), jnp.sum(jnp.where(keep, w, 0.0))

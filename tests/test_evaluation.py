@@ -1,0 +1,99 @@
+"""eval.py and the evaluation helpers: BLEU plumbing, confusion matrices, bad input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import sacrebleu
+
+from transformer import decoding, evaluation, train_lib
+from transformer.data.tokenizers import CharTokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TEXTS = [
+  "In the beginning God created the heaven and the earth.",
+  "And the earth was without form, and void.",
+  "And God said, Let there be light: and there was light.",
+]
+
+
+def test_bleu_through_the_project_equals_sacrebleu_on_the_same_strings(monkeypatch):
+  tok = CharTokenizer.train(TEXTS + ["xyzq"])
+  refs = TEXTS
+  hyps = ["In the beginning God made the heaven and earth.", "And the earth was void.", "xyz"]
+
+  def row(text, length=64):
+    ids = tok.encode(text) + [tok.eos_id]
+    return ids + [0] * (length - len(ids))
+
+  batch = {
+    "inputs": np.ones((4, 8), np.int32),
+    "inputs_segment_ids": np.array([[1] * 8] * 3 + [[0] * 8], np.int32),  # last row: padding
+    "targets": np.array([row(t) for t in refs] + [row("")], np.int32),
+  }
+
+  class Fake:
+    tokens = np.array([row(h) for h in hyps], np.int32)
+
+  monkeypatch.setattr(decoding, "translate", lambda *a, **k: Fake)
+  result = evaluation.bleu(None, None, tok, [batch], method="greedy")
+  expected = sacrebleu.corpus_bleu(hyps, [refs])
+  assert result["bleu"] == pytest.approx(expected.score, abs=1e-9)
+  assert result["bleu_signature"].startswith("nrefs:1")
+  assert [e["reference"] for e in result["examples"]] == refs
+
+
+def test_confusion_table_and_png(tmp_path):
+  counts = np.array([[5, 1], [2, 7]])
+  png = tmp_path / "c.png"
+  table = evaluation.write_confusion(counts, ["OT", "NT"], str(png))
+  assert table.splitlines()[2] == "| OT | 5 | 1 |"
+  assert png.stat().st_size > 1000
+
+
+@pytest.fixture(scope="module")
+def trained_lm(tmp_path_factory):
+  sys.path.insert(0, os.path.join(REPO, "tests"))
+  import tiny_lm_config
+
+  workdir = str(tmp_path_factory.mktemp("lm"))
+  train_lib.train_and_evaluate(tiny_lm_config.get_config(), workdir)
+  return workdir
+
+
+def _eval_cli(*args):
+  cmd = [sys.executable, os.path.join(REPO, "eval.py"), *args]
+  return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+
+def test_bad_prompts_are_clear_errors():
+  tok = CharTokenizer.train(TEXTS)
+  assert evaluation.check_prompts(tok, ["And God"], 8, 32) == [tok.encode("And God")]
+  for prompts, new, message in (
+    ([""], 8, "--prompt is empty"),
+    (["And€"], 8, "outside the vocabulary: '€'"),
+    (["And God"], 30, "exceed the model's max_len=32; ask for at most 25"),
+    (["And"], 0, "max_new_tokens=0"),
+  ):
+    with pytest.raises(ValueError, match=message):
+      evaluation.check_prompts(tok, prompts, new, 32)
+
+
+def test_eval_cli_samples_and_reports_bad_input_in_one_line(trained_lm, tmp_path):
+  ok = _eval_cli(
+    f"--workdir={trained_lm}", "--prompt=ROMEO:", "--num_samples=2", "--max_new_tokens=8"
+  )
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert ok.stdout.count("--- 'ROMEO:' ---") == 2
+  assert "perplexity" in ok.stdout
+  bad = _eval_cli(f"--workdir={trained_lm}", "--prompt=ROMEO€")
+  assert bad.returncode == 1 and "Traceback" not in bad.stderr
+  assert bad.stderr.strip().splitlines()[-1] == (
+    "error: prompt 'ROMEO€' has characters outside the vocabulary: '€'"
+  )
+  empty = _eval_cli(f"--workdir={tmp_path}")
+  assert empty.returncode == 1 and "no saved config" in empty.stderr
