@@ -3,6 +3,7 @@
   python eval.py --workdir DIR [--checkpoint STEP] [--eval_batches N]
   python eval.py --workdir DIR --prompt "ROMEO:" --num_samples 3 --temperature 0.8 --top_k 40
   python eval.py --workdir DIR --bleu_method greedy          # translation runs
+  python eval.py --workdir DIR --analyze [--prompt TEXT]     # attention statistics, heatmaps
 
 LMs: loss and perplexity (and samples for each --prompt); translation: corpus BLEU with
 sacrebleu (beam search by default); classifiers and ViT: accuracy and a confusion matrix
@@ -25,10 +26,17 @@ _TOP_K = flags.DEFINE_integer("top_k", 0, "LM: keep the k most likely tokens (0 
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "LM: nucleus mass (1 = all)")
 _BLEU_METHOD = flags.DEFINE_enum("bleu_method", "beam", ["beam", "greedy"], "translation decoding")
 _BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "translation beam size")
+_ANALYZE = flags.DEFINE_bool("analyze", False, "attention statistics + heatmaps (first --prompt)")
 flags.mark_flag_as_required("workdir")
 
 
 def _run():
+  if _ANALYZE.value:  # transformer/analysis.py; see docs/RESEARCH.md
+    from transformer import analysis
+
+    text = _PROMPT.value[0] if _PROMPT.value else None
+    print(analysis.analyze(_WORKDIR.value, _CHECKPOINT.value, text=text)["markdown"])
+    return
   result = eval_lib.evaluate(
     _WORKDIR.value, _CHECKPOINT.value, _EVAL_BATCHES.value, prompts=tuple(_PROMPT.value),
     num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,

@@ -49,3 +49,17 @@ def get_config(arg=None):
   config.checkpoint_every = 500  # checkpoint interval
   config.sample_tokens = 63  # characters sampled at the end (fills the 64-character context)
   return config
+
+
+def sweep():
+  """Pre-LN vs post-LN at depth 4 and 12 without warmup: does post-LN need warmup at depth
+  (Xiong et al. 2020)? Not run yet. See docs/RESEARCH.md.
+
+  python -m transformer.sweep --config configs/lm_shakespeare.py --workdir runs/ln_depth \
+      --override schedule.warmup_steps=0 --parallel 2
+  """
+  return [
+    {"model.norm_position": norm, "model.num_layers": depth}
+    for depth in (4, 12)
+    for norm in ("pre", "post")
+  ]

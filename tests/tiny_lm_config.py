@@ -31,3 +31,8 @@ def get_config(arg=None):
   config.checkpoint_every = 3  # checkpoint interval
   config.sample_tokens = 0  # no sample
   return config
+
+
+def sweep():
+  """Two learning rates (tests/test_analysis.py runs this sweep)."""
+  return [{"schedule.learning_rate": lr} for lr in (1e-3, 3e-3)]

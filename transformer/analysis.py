@@ -1,0 +1,335 @@
+"""Attention analysis: per layer and head, how peaked and how far each head looks.
+
+Letters: B batch, L layers, N heads, T query length, S key length.
+
+For attention weights w [B, N, T, S] (rows sum to 1) and the valid queries of a batch,
+each head gets three numbers, averaged over the valid (b, t):
+
+  entropy     H_t = -sum_s w_ts log w_ts, in nats. 0 = all weight on one key; the
+              uniform row over k keys has log k (a causal row t sees t + 1 keys).
+  max_weight  max_s w_ts: 1 = one key, 1/k = uniform over k keys.
+  distance    sum_s w_ts |t - s|: the expected distance, in key indices (positions of the
+              flattened sequence: packed rows are not restarted; for ViT, patch indices
+              in raster order with [CLS] at 0; for cross-attention, target index minus
+              source index, so a monotone alignment near the diagonal gives a small value).
+
+The weights come from the model itself: `record_attention` runs `model.apply` with a
+flax method interceptor that calls every `MultiHeadAttention` with `return_weights=True`,
+so each one sows its float32 weights into the 'intermediates' collection. The models'
+code path is untouched (nothing is computed unless asked); weights are always computed by
+the 'xla' implementation, whatever `config.attention_impl` says (see
+`attention.dot_product_attention`). Works for every family, scanned or unrolled layers,
+self- and cross-attention.
+
+`analyze(workdir)` does all this for a trained run (`python eval.py --workdir DIR --analyze`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from flax import traverse_util
+
+from transformer.attention import MultiHeadAttention
+
+STAT_KEYS = ("entropy", "max_weight", "distance")
+_LAYER = re.compile(r"layer_(\d+)")
+
+# name of an attention module -> (query mask [B, T], key mask [B, S]); None = all valid.
+MaskFn = Callable[[str], tuple[np.ndarray | None, np.ndarray | None]]
+
+
+# ----------------------------------------------------------------------------------------
+# Statistics.
+
+
+def _rows(weights: np.ndarray) -> np.ndarray:
+  weights = np.asarray(weights, np.float64)
+  if weights.ndim != 4:
+    raise ValueError(f"attention weights must be [B, N, T, S]; got shape {weights.shape}")
+  return weights
+
+
+def _mean_over_queries(per_query: np.ndarray, query_mask: np.ndarray | None) -> np.ndarray:
+  """per_query [B, N, T] -> [N], the mean over valid (b, t)."""
+  b, _, t = per_query.shape
+  mask = np.ones((b, t), bool) if query_mask is None else np.asarray(query_mask, bool)
+  if mask.shape != (b, t):
+    raise ValueError(f"query_mask must be [B, T] = {(b, t)}; got {mask.shape}")
+  count = mask.sum()
+  if count == 0:
+    raise ValueError("query_mask selects no query")
+  return (per_query * mask[:, None, :]).sum(axis=(0, 2)) / count  # [N]
+
+
+def entropy(weights: np.ndarray, query_mask: np.ndarray | None = None) -> np.ndarray:
+  """Mean entropy in nats of each head's rows: weights [B, N, T, S] -> [N] (0 log 0 = 0)."""
+  w = _rows(weights)
+  logs = np.log(np.where(w > 0, w, 1.0))  # [B, N, T, S]
+  return _mean_over_queries(-(w * logs).sum(-1), query_mask)
+
+
+def max_weight(weights: np.ndarray, query_mask: np.ndarray | None = None) -> np.ndarray:
+  """Mean largest weight of each head's rows: weights [B, N, T, S] -> [N]."""
+  return _mean_over_queries(_rows(weights).max(-1), query_mask)
+
+
+def mean_distance(
+  weights: np.ndarray, query_mask: np.ndarray | None = None, q_offset: int = 0
+) -> np.ndarray:
+  """Mean of sum_s w_ts |q_offset + t - s| over valid queries: [B, N, T, S] -> [N]."""
+  w = _rows(weights)
+  t, s = w.shape[2:]
+  dist = np.abs(q_offset + np.arange(t)[:, None] - np.arange(s)[None, :])  # [T, S]
+  return _mean_over_queries((w * dist).sum(-1), query_mask)
+
+
+def head_statistics(
+  weights: np.ndarray, query_mask: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
+  """{'entropy', 'max_weight', 'distance'} -> [N] each, for weights [B, N, T, S]."""
+  return {
+    "entropy": entropy(weights, query_mask),
+    "max_weight": max_weight(weights, query_mask),
+    "distance": mean_distance(weights, query_mask),
+  }
+
+
+# ----------------------------------------------------------------------------------------
+# Recording the weights.
+
+
+def _ask_for_weights(next_fun, args, kwargs, context):
+  if isinstance(context.module, MultiHeadAttention) and context.method_name == "__call__":
+    kwargs = {**kwargs, "return_weights": True}
+  return next_fun(*args, **kwargs)
+
+
+def record_attention(
+  model: nn.Module, variables: Mapping[str, Any], *args: Any, **kwargs: Any
+) -> tuple[Any, dict[str, np.ndarray]]:
+  """`model.apply(variables, *args, **kwargs)` and every attention module's weights.
+
+  Returns (the model's output, {name: float32 weights [B, N, T, S]}) with names such as
+  'decoder/layer_0/self_attention', encoder before decoder, by layer number, self- before
+  cross-attention (scanned layers are unstacked into the same names as unrolled ones).
+  """
+  variables = {k: v for k, v in variables.items() if k != "intermediates"}
+  with nn.intercept_methods(_ask_for_weights):
+    out, state = model.apply(variables, *args, mutable=["intermediates"], **kwargs)
+  flat = traverse_util.flatten_dict(jax.device_get(state.get("intermediates", {})))
+  maps: dict[str, np.ndarray] = {}
+  for path, value in flat.items():
+    if path[-1] != "attention_weights":
+      continue
+    value = np.asarray(value[0] if isinstance(value, tuple) else value, np.float32)
+    path = path[:-1]
+    scanned = [i for i in range(len(path) - 1) if path[i : i + 2] == ("layers", "block")]
+    if not scanned:
+      maps["/".join(path)] = value  # [B, N, T, S]
+      continue
+    i = scanned[0]
+    for layer in range(value.shape[0]):  # [L, B, N, T, S]
+      name = (*path[:i], f"layer_{layer}", *path[i + 2 :])
+      maps["/".join(name)] = value[layer]
+  if not maps:
+    raise ValueError(f"{type(model).__name__} recorded no attention weights")
+  return out, {name: maps[name] for name in sorted(maps, key=_module_order)}
+
+
+def _module_order(name: str) -> tuple[int, int, int, str]:
+  """Encoder before decoder, layers by number (layer_2 before layer_10), self before cross."""
+  layer = _LAYER.search(name)
+  return (
+    0 if name.startswith("encoder") else 1,
+    int(layer.group(1)) if layer else -1,
+    int(name.endswith("cross_attention")),
+    name,
+  )
+
+
+# ----------------------------------------------------------------------------------------
+# Tables.
+
+
+def statistics_table(maps: Mapping[str, np.ndarray], masks: MaskFn | None = None) -> list[dict]:
+  """One row per (attention module, head): name, layer, head and the three statistics."""
+  rows = []
+  for name, weights in maps.items():
+    query_mask = masks(name)[0] if masks is not None else None
+    stats = head_statistics(weights, query_mask)
+    layer = _LAYER.search(name)
+    for head in range(weights.shape[1]):
+      row: dict[str, Any] = {
+        "attention": name,
+        "layer": int(layer.group(1)) if layer else -1,
+        "head": head,
+      }
+      row.update({key: float(stats[key][head]) for key in STAT_KEYS})
+      rows.append(row)
+  return rows
+
+
+def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+  """The table as GitHub Markdown (floats with 4 significant digits)."""
+  if not rows:
+    return ""
+  keys = list(rows[0])
+  lines = ["| " + " | ".join(keys) + " |", "|" + " --- |" * len(keys)]
+  for row in rows:
+    cells = [f"{row[k]:.4g}" if isinstance(row[k], float) else str(row[k]) for k in keys]
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
+def write_heatmaps(
+  maps: Mapping[str, np.ndarray],
+  out_dir: str,
+  masks: MaskFn | None = None,
+  *,
+  example: int = 0,
+  max_len: int = 64,
+  labels: Callable[[str], tuple[list[str] | None, list[str] | None]] | None = None,
+) -> list[str]:
+  """One PNG per attention module: every head of batch row `example`, cut to its valid
+  queries and keys (leading `max_len` of each). `labels(name)` -> (query, key) token labels.
+  """
+  from transformer import plots
+
+  os.makedirs(out_dir, exist_ok=True)
+  paths = []
+  for name, weights in maps.items():
+    q_mask, k_mask = masks(name) if masks is not None else (None, None)
+    w = weights[example]  # [N, T, S]
+    q_idx = np.arange(w.shape[1]) if q_mask is None else np.flatnonzero(q_mask[example])
+    k_idx = np.arange(w.shape[2]) if k_mask is None else np.flatnonzero(k_mask[example])
+    q_idx, k_idx = q_idx[:max_len], k_idx[:max_len]
+    q_labels, k_labels = labels(name) if labels is not None else (None, None)
+    path = os.path.join(out_dir, name.replace("/", ".") + ".png")
+    plots.attention_heatmaps(
+      w[:, q_idx][:, :, k_idx],  # [N, t, s]
+      path,
+      title=name,
+      query_labels=None if q_labels is None else [q_labels[i] for i in q_idx],
+      key_labels=None if k_labels is None else [k_labels[i] for i in k_idx],
+    )
+    paths.append(path)
+  return paths
+
+
+# ----------------------------------------------------------------------------------------
+# A trained run.
+
+
+def batch_masks(kind: str, batch: Mapping[str, Any]) -> MaskFn:
+  """Valid queries and keys of each attention module for a batch of this data kind."""
+
+  def valid(key):
+    return np.asarray(batch[key]) > 0
+
+  def masks(name: str):
+    if kind == "image":
+      return None, None
+    if kind == "seq2seq":
+      source, target = valid("inputs_segment_ids"), valid("targets_segment_ids")
+      if name.startswith("encoder"):
+        return source, source
+      return (target, source) if name.endswith("cross_attention") else (target, target)
+    return valid("segment_ids"), valid("segment_ids")
+
+  return masks
+
+
+def _text_batch(kind: str, tokenizer, text: str, max_len: int) -> dict[str, np.ndarray]:
+  if kind not in ("lm", "mlm", "classification"):
+    raise ValueError(f"text input is for token models (lm, mlm, classification); not {kind!r}")
+  tokens = np.asarray(tokenizer.encode(text), np.int32)[None, :max_len]  # [1, T]
+  if tokens.shape[1] == 0:
+    raise ValueError(f"text {text!r} encodes to no tokens")
+  ones = np.ones_like(tokens)
+  return {
+    "inputs": tokens,
+    "targets": tokens,
+    "positions": np.arange(tokens.shape[1], dtype=np.int32)[None],
+    "segment_ids": ones,
+    "weights": ones.astype(np.float32),
+    "label": np.zeros((1,), np.int32),
+  }
+
+
+class _Recorder:
+  """Stands in for the model in `tasks.FORWARD`: `apply` also records the weights."""
+
+  def __init__(self, model: nn.Module):
+    self.model = model
+    self.maps: dict[str, np.ndarray] = {}
+
+  def apply(self, variables, *args, **kwargs):
+    out, self.maps = record_attention(self.model, variables, *args, **kwargs)
+    return out
+
+
+def analyze(
+  workdir: str, step: int | None = None, text: str | None = None, examples: int = 8
+) -> dict[str, Any]:
+  """Attention statistics and heatmaps of a trained run, written into the workdir.
+
+  Input: `text` (LM / MLM / classification runs), else the first `examples` rows of the
+  first evaluation batch. Writes DIR/attention_step_<N>.json and .md (one row per layer
+  and head) and DIR/attention_step_<N>/<module>.png (heatmaps of the first row).
+  Returns {'step', 'rows', 'markdown', 'json', 'heatmaps'}.
+  """
+  from transformer import eval_lib  # the training stack: only needed here
+  from transformer.training.tasks import FORWARD
+
+  workdir = os.path.abspath(workdir)
+  setup, state, step = eval_lib.restore(workdir, step)
+  kind = setup.exp.data.kind
+  tokenizer = getattr(setup.info, "tokenizer", None)
+  if text is not None:
+    batch = _text_batch(kind, tokenizer, text, setup.model_cfg.max_len)
+  else:
+    batch = next(iter(setup.eval_factory()), None)
+    if batch is None:
+      raise ValueError("the evaluation split produced no batches")
+    batch = {k: np.asarray(v)[:examples] for k, v in batch.items()}
+  recorder = _Recorder(setup.model)
+  FORWARD[kind](recorder, {"params": state.params}, batch, True, {})
+  masks = batch_masks(kind, batch)
+  rows = statistics_table(recorder.maps, masks)
+  markdown = to_markdown(rows)
+
+  labels = None
+  if tokenizer is not None and kind != "image":
+
+    def token_labels(key):
+      return [tokenizer.decode([int(i)]) or "·" for i in np.asarray(batch[key])[0]]
+
+    def labels(name):
+      if kind != "seq2seq":
+        return token_labels("inputs"), token_labels("inputs")
+      if name.startswith("encoder"):
+        return token_labels("inputs"), token_labels("inputs")
+      return None, token_labels("inputs") if name.endswith("cross_attention") else None
+
+  stem = os.path.join(workdir, f"attention_step_{step}")
+  heatmaps = write_heatmaps(recorder.maps, stem, masks, labels=labels)
+  source = "text" if text is not None else f"eval batch ({len(batch[next(iter(batch))])} rows)"
+  with open(stem + ".json", "w", encoding="utf-8") as f:
+    json.dump({"step": step, "input": source, "rows": rows}, f, indent=2)
+  with open(stem + ".md", "w", encoding="utf-8") as f:
+    f.write(f"# Attention at step {step} ({source})\n\n{markdown}\n")
+  return {
+    "step": step,
+    "rows": rows,
+    "markdown": markdown,
+    "json": stem + ".json",
+    "heatmaps": heatmaps,
+  }
