@@ -11,6 +11,7 @@ directory (an asynchronous checkpoint write in flight) existed at that moment.
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import signal
 import subprocess
@@ -146,10 +147,13 @@ def training_window(run: Run) -> tuple[float, float]:
   return start, end
 
 
-def interrupt(run: Run, workdir: str, delay: float, sig: int = signal.SIGKILL) -> dict:
-  """Sends `sig` to `run` `delay` seconds after its first `phase train` line; returns what
-  the run was doing then: phase, whether a checkpoint write was in flight, exit status."""
-  begun = run.wait_for(lambda line: line.startswith("phase train"))
+def interrupt(
+  run: Run, workdir: str, delay: float, sig: int = signal.SIGKILL, since: float | None = None
+) -> dict:
+  """Sends `sig` to `run` `delay` seconds after its first `phase train` line (or after the
+  time `since`); returns what the run was doing then: phase, whether a checkpoint write was
+  in flight, exit status, the checkpoints on disk."""
+  begun = since if since is not None else run.wait_for(lambda ln: ln.startswith("phase train"))
   time.sleep(max(0.0, begun + delay - time.monotonic()))
   writes = in_flight_writes(workdir)
   when = time.monotonic()
@@ -170,6 +174,15 @@ def final_state(workdir: str) -> dict:
   with CheckpointManager(os.path.join(workdir, "checkpoints"), async_save=False) as mngr:
     step = mngr.latest_step()
     return {"step": step, "state": mngr.restore_numpy(step)}
+
+
+def source_fingerprint() -> str:
+  """A hash of the package's source: runs compared bit for bit must run the same code."""
+  digest = hashlib.sha256()
+  for path in sorted(glob.glob(os.path.join(REPO, "transformer", "**", "*.py"), recursive=True)):
+    with open(path, "rb") as f:
+      digest.update(path.encode() + f.read())
+  return digest.hexdigest()
 
 
 def bit_equal(a, b) -> list[str]:

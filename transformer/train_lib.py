@@ -415,7 +415,6 @@ def _poison_inputs(batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def _save_within_grace(s: Setup, state, ckpt, preemption, lock, config, done: int) -> None:
   """Saves step `done` and waits for it or, if the grace period runs out first, exits the
   process at once (status 0), the previous checkpoint staying the latest."""
-  previous = ckpt.latest_step()
 
   def save():
     _save(ckpt, s.runner, state, s.train_iter, config)
@@ -424,10 +423,13 @@ def _save_within_grace(s: Setup, state, ckpt, preemption, lock, config, done: in
   _phase("save", done)
   if run_within(save, preemption.remaining()):
     return
+  # Orbax lists a step from the start of its write; on disk, a step folder is complete
+  # (writes go to a temporary folder renamed at the end).
+  complete = [step for step in ckpt.all_steps() if (ckpt.directory / str(step)).exists()]
   print(
     f"{preemption.source}: the grace period of {preemption.grace:g}s ran out before the "
     f"checkpoint at step {done} was written; exiting without it. The latest complete "
-    f"checkpoint is {'step ' + str(previous) if previous is not None else 'none'} in "
+    f"checkpoint is {'step ' + str(max(complete)) if complete else 'none'} in "
     f"{ckpt.directory}; rerun the same command to resume",
     flush=True,
   )
