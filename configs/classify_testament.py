@@ -5,7 +5,7 @@ The encoder of configs/mlm_bible.py (same sizes, same 128-row position table) wi
 tokens. `init_from` copies the pretrained `token_embed` and `encoder/...` parameters (the
 pooler and classifier start fresh); `data.tokenizer_from` reuses the pretraining run's
 SentencePiece model, so token ids mean the same in both runs. Evaluated on the test split
-(1,574 verses; 74% are OT, the majority-class baseline).
+(1,574 verses; 72.7% are OT, the majority-class baseline).
 
   python train.py --config configs/mlm_bible.py --workdir runs/mlm_bible
   python train.py --config configs/classify_testament.py --workdir runs/testament \\
@@ -14,7 +14,10 @@ SentencePiece model, so token ids mean the same in both runs. Evaluated on the t
   python train.py --config configs/classify_testament.py --workdir runs/testament_scratch \\
     --config.data.tokenizer_from=runs/mlm_bible
 
-Result (2-core CPU, shared): RESULT
+Result (2-core CPU shared with other jobs), test accuracy after 600 steps:
+  fine-tuned from mlm_bible  89.77% (loss 0.247; 85.6% / 89.6% at steps 200 / 400), 218 s wall
+  from scratch               89.07% (loss 0.272; 85.3% / 89.0% at steps 200 / 400), 324 s wall
+Both runs used the same tokenizer (byte-identical SentencePiece model).
 """
 
 from transformer.experiment import default_config

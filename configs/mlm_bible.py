@@ -1,14 +1,18 @@
 """A small BERT: masked-LM pretraining on the English verses of the shipped bible TSV.
 
 The KJV column (`en`) of data/bible_kjv_rv1909_en_es.tsv.gz, verses packed into 128-token
-rows, 15% of tokens predicted (80% [MASK], 10% random, 10% kept), a 4,000-piece
-SentencePiece vocabulary trained on the training verses at first use. Pre-LN, GELU,
-learned positions, logits tied to the token embedding. The checkpoint initialises
-configs/classify_testament.py.
+rows, a 4,000-piece SentencePiece vocabulary trained on the training verses at first use.
+30% of tokens are predicted (80% [MASK], 10% random, 10% kept): Wettig et al. 2023 find
+rates above BERT's 15% as good or better, and the model computes logits at every position
+anyway, so more predictions per step cost nothing. Pre-LN, GELU, learned positions,
+logits tied to the token embedding. The checkpoint initialises configs/classify_testament.py.
 
   python train.py --config configs/mlm_bible.py --workdir runs/mlm_bible
 
-Result (2-core CPU, shared): RESULT
+Result (2-core CPU shared with other jobs, load average ~9): 1,000 steps in 717 s wall
+(298 s user + 115 s system CPU); validation masked-LM accuracy 27.0%, loss 4.541
+(15,255 predicted tokens of the 1,535 validation verses; 18.7% / 5.166 at step 500).
+With 15% masking and lr 1e-3 the same budget reached only 17.8% / 5.192.
 """
 
 from transformer.experiment import default_config

@@ -1,16 +1,22 @@
 """English -> Spanish translation of bible verses (KJV -> Reina-Valera 1909), shipped data.
 
 A small encoder-decoder ("Attention Is All You Need" layout at toy size: pre-LN, ReLU,
-sinusoidal positions, tied embeddings) on the verse pairs of
+sinusoidal positions, tied embeddings scaled by sqrt(D)) on the verse pairs of
 data/bible_kjv_rv1909_en_es.tsv.gz, with one SentencePiece vocabulary trained on the
-English and Spanish training verses together. Pairs are packed jointly into 64-token rows
+English and Spanish training verses together. Pairs are packed jointly into 96-token rows
 for training; BLEU (sacrebleu, greedy decoding) is computed at the end on the held-out
 test verses, which are never trained on.
 
   python train.py --config configs/translate_en_es.py --workdir runs/translate_en_es
   python eval.py --workdir runs/translate_en_es --bleu_method greedy
 
-Result (2-core CPU, shared): RESULT
+Result (2-core CPU shared with other jobs, load average ~7): 800 steps (about one epoch)
+in 828 s wall (337 s user + 137 s system CPU), BLEU at the end included. Test split:
+BLEU 12.95 (sacrebleu corpus BLEU, 13a tokenization, greedy decoding, 1,574 verses),
+token accuracy 38.5%, NLL 3.315 nats/token (step 400: 31.9%, 3.771). Training NLL (the
+label-smoothing offset removed) at steps 100..800: 4.61 3.86 3.57 3.25 2.88 2.91 2.88 2.77,
+still falling: BLEU >= 20 needs a longer run than the 10-minute budget. Without
+`scale_embeddings` the same run was at 15.7% / NLL 4.98 at step 400 (stopped at 600).
 """
 
 from transformer.experiment import default_config
@@ -32,6 +38,7 @@ def get_config(arg=None):
   m.norm_position = "pre"  # pre-LN trains stably at a high learning rate
   m.activation = "relu"  # as the paper
   m.tie_embeddings = True  # one embedding for source, target and logits (shared vocabulary)
+  m.scale_embeddings = True  # tokens * sqrt(D), as the paper: else positions drown them out
   m.dropout_rate = 0.0  # about one epoch: no regularisation needed
   d = config.data
   d.kind = "seq2seq"  # (source, target) pairs
@@ -52,13 +59,13 @@ def get_config(arg=None):
   config.schedule.learning_rate = 2e-3  # peak learning rate
   config.schedule.warmup_steps = 100  # linear warmup
   config.schedule.final_fraction = 0.05  # decay to 1e-4
-  config.num_train_steps = 1000  # updates
-  config.batch_size = 32  # packed rows per update
-  config.seq_len = 64  # source tokens per row (targets: data.target_seq_len, default the same)
+  config.num_train_steps = 800  # updates (about one epoch of the training pairs)
+  config.batch_size = 24  # packed rows per update
+  config.seq_len = 96  # tokens per row, source and target (3 of 1,574 test pairs are longer)
   config.log_every = 100  # console / TensorBoard interval
-  config.eval_every = 500  # test-loss interval
+  config.eval_every = 400  # test-loss interval
   config.eval_batches = 0  # the whole test split
-  config.bleu_every = 1000  # BLEU at the end only (decoding costs minutes here)
+  config.bleu_every = 800  # BLEU at the end only (decoding costs minutes here)
   config.bleu_beam_size = 1  # greedy decoding
-  config.checkpoint_every = 500  # checkpoint interval
+  config.checkpoint_every = 400  # checkpoint interval
   return config

@@ -1,12 +1,16 @@
 """A small ViT on Fashion-MNIST (shipped IDX files), trained from scratch on a CPU.
 
-4x4 patches of the 28x28 images (49 tokens), six pre-LN blocks of width 64, 2-D sin-cos
-positions, global average pooling; random crops (2-pixel padding) and left-right flips;
-AdamW with warmup and cosine decay. Evaluated on the 10,000 test images.
+4x4 patches of the 28x28 images (49 tokens), four pre-LN blocks of width 64, 2-D sin-cos
+positions, global average pooling (Beyer et al. 2022, "Better plain ViT baselines"),
+left-right flips; AdamW with warmup and cosine decay. Evaluated on the 10,000 test images.
 
   python train.py --config configs/vit_fashion_mnist.py --workdir runs/vit_fashion_mnist
 
-Result (2-core CPU, shared): RESULT
+Result (2-core CPU shared with other jobs, load average ~5): 3,500 steps (7.5 epochs) in
+994 s wall (522 s user + 322 s system CPU), test accuracy 88.56% (loss 0.319); 79.9%,
+82.0%, 82.6%, 85.8%, 87.7%, 88.3% at steps 500..3000. Short of the 91% target: the
+curve is still rising as the learning rate decays, so the target needs more epochs
+than 20 CPU-minutes buy here (e.g. 6 blocks and ~15 epochs: about 50 minutes).
 """
 
 from transformer.data.image_builders import FASHION_MNIST_LABELS
@@ -23,7 +27,7 @@ def get_config(arg=None):
   m.patch_size = 4  # 4 x 4 patches: 49 tokens
   m.d_model = 64  # width
   m.num_heads = 4  # attention heads
-  m.num_layers = 6  # blocks
+  m.num_layers = 4  # blocks
   m.d_ff = 128  # 2 * d_model
   m.max_len = 49  # image tokens (validated against the patch grid)
   m.position = "sinusoidal"  # fixed 2-D sin-cos over the patch grid
@@ -41,7 +45,7 @@ def get_config(arg=None):
   d.eval_split = "test"  # the 10,000 test images
   d.validation_fraction = 0.0  # no validation split: train on all 60,000
   d.test_fraction = 0.0  # (the test split is fixed by the files)
-  d.crop_padding = 2  # random crops after 2-pixel zero padding
+  d.crop_padding = 0  # no random crops: a few epochs do not overfit, crops slow learning
   d.horizontal_flip = True  # random left-right flips (clothes are symmetric enough)
   d.eval_batch_size = 500  # images per evaluation batch
   config.label_smoothing = 0.0  # none (short run)
@@ -50,13 +54,14 @@ def get_config(arg=None):
   config.optimizer.clip_norm = 1.0  # global-norm clipping
   config.schedule.kind = "cosine"  # warmup then cosine decay
   config.schedule.learning_rate = 2e-3  # peak learning rate
+  config.schedule.final_fraction = 0.0  # decay to 0
   config.schedule.warmup_steps = 200  # linear warmup
-  config.num_train_steps = 4000  # updates
+  config.num_train_steps = 3500  # updates (7.5 epochs)
   config.batch_size = 128  # images per update
   config.log_every = 200  # console / TensorBoard interval
-  config.eval_every = 2000  # test-accuracy interval
+  config.eval_every = 500  # test-accuracy interval
   config.eval_batches = 0  # the whole test split
-  config.checkpoint_every = 2000  # checkpoint interval
+  config.checkpoint_every = 500  # checkpoint interval
   config.best_metric = "accuracy"  # keep the most accurate checkpoint
   config.best_mode = "max"  # higher is better
   return config
