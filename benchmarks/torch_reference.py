@@ -11,8 +11,15 @@ nanoGPT layout). The batches are the same NumPy arrays our step gets (no padding
 masks beyond causality). `torch.set_num_threads` is the core count.
 
 `TorchStep(workload, compiled)` builds the model and optimizer; `step()` runs one update.
-Compiled mode wraps the model in `torch.compile` (default mode, inductor) and the
-optimizer step in its own `torch.compile` (PyTorch's recipe for compiled optimizers).
+Eager mode uses the fused CPU AdamW. Compiled mode wraps the model in `torch.compile`
+(default mode, Inductor) and the optimizer step in its own `torch.compile` (PyTorch's
+recipe for compiled optimizers), with `torch._inductor.config.fallback_random = True`:
+Inductor's own CPU random-number code made the compiled GPT step 2x slower than eager
+here (dropout masks drawn element by element), ATen's `bernoulli_` does not.
+
+Settings that favour PyTorch on this shared 2-core machine, applied by `configure()`
+before torch is imported: `OMP_WAIT_POLICY=PASSIVE` (with the default spin-waiting, a
+2-thread eager GPT step took 5.5 s instead of 2.8 s whenever other processes ran).
 """
 
 from __future__ import annotations
@@ -22,14 +29,29 @@ import os
 import statistics
 import time
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
 
-from train_step import (  # noqa: I001  (benchmarks/ is on sys.path when run as a script)
-  B2, CLIP, EPS, LABEL_SMOOTHING, LEARNING_RATE, WEIGHT_DECAY, WORKLOADS, Workload, make_batch,
-)  # fmt: skip
+def configure() -> None:
+  """Process settings for PyTorch on a shared CPU; call before importing torch."""
+  os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+configure()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+from train_step import (  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+  B2,
+  CLIP,
+  EPS,
+  LABEL_SMOOTHING,
+  LEARNING_RATE,
+  WEIGHT_DECAY,
+  WORKLOADS,
+  Workload,
+  make_batch,
+)
 
 
 class Attention(nn.Module):
@@ -66,9 +88,7 @@ class Block(nn.Module):
     if cross:
       self.ln2, self.cross_attn = nn.LayerNorm(d, eps=eps), Attention(d, heads, dropout, True)
     self.ln3 = nn.LayerNorm(d, eps=eps)
-    self.ffn = nn.Sequential(
-      nn.Linear(d, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, d)
-    )
+    self.ffn = nn.Sequential(nn.Linear(d, d_ff), nn.GELU(), nn.Dropout(dropout), nn.Linear(d_ff, d))
     self.drop = nn.Dropout(dropout)
 
   def forward(self, x, memory=None, causal=False):
@@ -194,12 +214,15 @@ class TorchStep:
       betas=(0.9, B2),
       eps=EPS,
       weight_decay=WEIGHT_DECAY,
-      foreach=True,
+      **(dict(foreach=True) if compiled else dict(fused=True)),
     )
     rng = np.random.default_rng(seed)
     self.batches = [to_torch(w, make_batch(w, rng)) for _ in range(num_batches)]
     self.forward, self.update = self.model, self._update
     if compiled:
+      from torch._inductor import config as inductor_config
+
+      inductor_config.fallback_random = True
       self.forward, self.update = torch.compile(self.model), torch.compile(self._update)
     self.i = 0
 
@@ -246,8 +269,8 @@ def main():
         s.step()
         times.append(time.perf_counter() - t)
       step = statistics.median(times)
-      mode = "compile" if compiled else "eager"
-      print(f"| {name} | {mode} | {first:.1f} | {1e3 * step:.0f} | {w.tokens_per_step / step:,.0f} |")
+      mode, tps = ("compile" if compiled else "eager"), w.tokens_per_step / step
+      print(f"| {name} | {mode} | {first:.1f} | {1e3 * step:.0f} | {tps:,.0f} |")
 
 
 if __name__ == "__main__":
