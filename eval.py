@@ -43,7 +43,9 @@ def _run():
     temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
     bleu_method=_BLEU_METHOD.value, beam_size=_BEAM_SIZE.value,
   )  # fmt: skip
-  scalars = {k: v for k, v in result.items() if isinstance(v, (int, float, str))}
+  scalars = {
+    k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "confusion_table"
+  }
   print(
     " | ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in scalars.items())
   )

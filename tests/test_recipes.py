@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from transformer import experiment, train_lib
+from transformer.data import sources
 from transformer.research import order_task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,6 +143,25 @@ def test_classify_testament_fine_tunes_from_mlm_bible(mlm_workdir, tmp_path, cap
   assert len(logged) == 1, logged
   copied, total = map(int, re.search(r": (\d+) of (\d+) tensors copied", logged[0]).groups())
   assert copied == total - 4, logged  # all but the new pooler and classifier kernels / biases
+
+
+def test_tokenizer_from_finds_the_file_or_names_what_is_there(tmp_path):
+  run = tmp_path / "run"
+  model = run / "tokenizers" / "some_data_key" / "spm_unigram_200.model"
+  model.parent.mkdir(parents=True)
+  model.write_bytes(b"x")
+  assert sources.find_tokenizer(run, "spm_unigram_200.model") == model
+  assert sources.find_tokenizer(model, "ignored") == model  # a file is taken as given
+  with pytest.raises(FileNotFoundError, match=r"no spm_unigram_400\.model.*some_data_key"):
+    sources.find_tokenizer(run, "spm_unigram_400.model")
+  with pytest.raises(FileNotFoundError, match="no such file or folder"):
+    sources.find_tokenizer(tmp_path / "missing", "spm_unigram_200.model")
+  other = run / "tokenizers" / "other_key" / "spm_unigram_200.model"
+  other.parent.mkdir()
+  other.write_bytes(b"y")
+  with pytest.raises(ValueError, match="several"):
+    sources.find_tokenizer(run, "spm_unigram_200.model")
+  assert sources.find_tokenizer(run, "spm_unigram_200.model", key="other_key") == other
 
 
 def test_order_task_needs_positions():
