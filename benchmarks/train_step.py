@@ -17,12 +17,19 @@ The step is `transformer.training.train_step` compiled by `StepRunner` (jit, one
 state donated). MFU is model matmul FLOPs per second (`transformer.config.flops_per_token`,
 forward + backward) over the machine's matmul peak, measured here with large square
 matmuls in the same dtype (`matmul_peak`). Prints a Markdown table.
+
+Two process settings are applied before JAX starts (docs/PERFORMANCE.md): `--malloc heap`
+(glibc keeps freed memory instead of unmapping it, so the step's temporaries are not
+page-faulted in again every step) and `--xla_flags=--xla_cpu_prefer_vector_width=512`
+(AVX-512 code for XLA's own loops). Pass `--malloc default --xla_flags=` for neither.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
+import os
 import statistics
 import time
 
@@ -82,6 +89,26 @@ WORKLOADS = {
   ),
   "vit": Workload("vit", ModelConfig(**VIT_TI_4), "image", 64, 50),
 }
+
+
+def set_malloc_policy(policy: str) -> None:
+  """'heap': one glibc arena, no mmap for large blocks, no trimming (before JAX starts).
+
+  With glibc's defaults each step's large temporaries (one 780 MB XLA buffer per GPT step)
+  are mmap-ed and unmapped, and the kernel faults and zeroes them again every step.
+  """
+  if policy == "default":
+    return
+  libc = ctypes.CDLL("libc.so.6")
+  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8
+  for option, value in ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1)):
+    if not libc.mallopt(option, value):
+      raise RuntimeError(f"mallopt({option}, {value}) failed")
+
+
+def add_xla_flags(flags: str) -> None:
+  """Appends to XLA_FLAGS; effective only before the first JAX computation."""
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
 
 
 def with_model(w: Workload, **changes) -> Workload:
@@ -212,13 +239,18 @@ def main():
   parser.add_argument("--batch", type=int, default=None, help="default: the workload's")
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--attention_impl", default="xla")
+  parser.add_argument("--malloc", default="heap", choices=["heap", "default"])
+  parser.add_argument("--xla_flags", default="--xla_cpu_prefer_vector_width=512")
   args = parser.parse_args()
+  set_malloc_policy(args.malloc)
+  add_xla_flags(args.xla_flags)
   w = with_model(WORKLOADS[args.workload], dtype=args.dtype, attention_impl=args.attention_impl)
   if args.batch:
     w = dataclasses.replace(w, batch=args.batch)
   peak = matmul_peak(args.dtype)
   r = benchmark(w, args.steps)
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, dtype {args.dtype}")
+  print(f"malloc={args.malloc}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
   print(f"workload: {w.name}, batch {w.batch} x {w.seq} tokens")
   print("| metric | value |\n|---|---|")
   print(f"| measured matmul peak | {peak / 1e9:.1f} GFLOP/s |")

@@ -218,3 +218,16 @@ def test_bad_arguments_raise_value_error_naming_the_field(kwargs, field):
   if set(kwargs) <= {"logits", "targets", "weights"}:
     with pytest.raises(ValueError, match=field):
       losses.accuracy_sum(args["logits"], args["targets"], args["weights"])
+
+
+def test_accuracy_sum_equals_argmax_with_ties_and_nans():
+  rng = np.random.default_rng(3)
+  logits = rng.integers(-2, 3, size=(4, 9, 6)).astype(np.float32)  # many ties
+  logits[0, 1, 3] = logits[2, 5, 0] = logits[2, 5, 4] = np.nan  # argmax picks the first NaN
+  targets = rng.integers(0, 6, size=(4, 9)).astype(np.int32)
+  targets[0, 1], targets[2, 5] = 3, 4
+  argmax = np.asarray(jnp.argmax(jnp.asarray(logits), axis=-1))
+  targets[1] = argmax[1]  # some hits on tied maxima
+  weights = (rng.random((4, 9)) > 0.2).astype(np.float32)
+  correct, _ = losses.accuracy_sum(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
+  assert float(correct) == float(((argmax == targets) * weights).sum())

@@ -28,7 +28,7 @@ from jax import lax
 
 from transformer import positional
 from transformer.config import ModelConfig
-from transformer.layers import bernoulli
+from transformer.layers import bernoulli, dense_dot_general
 from transformer.partitioning import constrain
 
 # Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
@@ -209,8 +209,12 @@ def dot_product_attention(
 def _xla_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, return_weights):
   b, t, n, h = q.shape
   s, kv = k.shape[1], k.shape[2]
-  q = q.reshape(b, t, kv, n // kv, h) * jnp.asarray(h**-0.5, q.dtype)  # [B, T, K, G, H]
-  logits = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
+  q = q * jnp.asarray(h**-0.5, q.dtype)
+  if kv == n:  # MHA: plain 4-D contractions (cheaper layouts for XLA:CPU than G = 1)
+    logits = jnp.einsum("BTNH,BSNH->BNTS", q, k, preferred_element_type=jnp.float32)
+  else:
+    q = q.reshape(b, t, kv, n // kv, h)  # [B, T, K, G, H]
+    logits = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
   logits = logits.reshape(b, n, t, s)  # [B, N, T, S]
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
@@ -221,8 +225,12 @@ def _xla_attention(q, k, v, mask, bias, dropout_rate, dropout_rng, return_weight
   if dropout_rate > 0.0:
     keep = bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
     probs = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
-  probs = probs.astype(v.dtype).reshape(b, kv, n // kv, t, s)  # [B, K, G, T, S]
-  out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)  # [B, T, N, H]
+  probs = probs.astype(v.dtype)
+  if kv == n:
+    out = jnp.einsum("BNTS,BSNH->BTNH", probs, v)  # [B, T, N, H]
+  else:
+    probs = probs.reshape(b, kv, n // kv, t, s)  # [B, K, G, T, S]
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)  # [B, T, N, H]
   return (out, weights) if return_weights else out
 
 
@@ -348,6 +356,7 @@ class MultiHeadAttention(nn.Module):
         use_bias=c.use_bias,
         dtype=dtype,
         kernel_init=nn.initializers.xavier_uniform(),
+        dot_general=dense_dot_general,
         name=name,
       )
 
@@ -405,6 +414,7 @@ class MultiHeadAttention(nn.Module):
       use_bias=c.use_bias,
       dtype=dtype,
       kernel_init=nn.initializers.xavier_uniform(),
+      dot_general=dense_dot_general,
       name="out",
     )(out)  # [B, T, D]
 

@@ -6,6 +6,7 @@ Parameters are float32; computation runs in `config.dtype` (norm statistics in f
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -60,9 +61,7 @@ def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...]) -> jax.Array:
   counter = lax.iota(jnp.uint32, size).reshape(shape)
   b0, b1 = _threefry2x32(k[0], k[1], jnp.zeros(shape, jnp.uint32), counter)
   threshold = np.uint32(math.ceil(float(np.float32(p)) * 2**23))
-  # The barrier keeps XLA from re-deriving the mask inside every consumer (forward and
-  # each backward use): it is computed once and stored as bytes.
-  return lax.optimization_barrier(((b0 ^ b1) >> np.uint32(9)) < threshold)
+  return ((b0 ^ b1) >> np.uint32(9)) < threshold
 
 
 class Dropout(nn.Dropout):
@@ -84,6 +83,49 @@ class Dropout(nn.Dropout):
     return lax.select(mask, inputs / keep_prob, jnp.zeros_like(inputs))
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _matmul(x: jax.Array, w: jax.Array, contracting: int) -> jax.Array:
+  k = math.prod(w.shape[:contracting])
+  y = x.reshape(-1, k) @ w.reshape(k, -1)  # [M, N]
+  return y.reshape(*x.shape[: x.ndim - contracting], *w.shape[contracting:])
+
+
+def _matmul_fwd(x, w, contracting):
+  return _matmul(x, w, contracting), (x, w)
+
+
+def _matmul_bwd(contracting, residuals, g):
+  x, w = residuals
+  k = math.prod(w.shape[:contracting])
+  x2, w2 = x.reshape(-1, k), w.reshape(k, -1)  # [M, K], [K, N]
+  g2 = g.reshape(x2.shape[0], -1)  # [M, N]
+  return (g2 @ w2.T).reshape(x.shape), (x2.T @ g2).reshape(w.shape)
+
+
+_matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def dense_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+  """`lax.dot_general` for the dense layers, x[..., K...] . w[K..., N...], with the backward
+  pass written as two 2-D matmuls: dx = g w^T, dw = x^T g.
+
+  Same values as autodiff of `lax.dot_general`, whose weight gradient XLA:CPU otherwise
+  lowers with both operands transposed (a slow GEMM plus a copy of g). Other dimension
+  numbers, an explicit precision or output type go to `lax.dot_general` unchanged.
+  """
+  (lhs_contract, rhs_contract), batch = dimension_numbers
+  n = len(lhs_contract)
+  if (
+    any(batch)
+    or tuple(lhs_contract) != tuple(range(lhs.ndim - n, lhs.ndim))
+    or tuple(rhs_contract) != tuple(range(n))
+    or precision is not None
+    or preferred_element_type is not None
+  ):
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type)
+  return _matmul(lhs, rhs, n)
+
+
 def compute_dtype(config: ModelConfig) -> jnp.dtype:
   return jnp.dtype(config.dtype)
 
@@ -103,6 +145,7 @@ def make_dense(config: ModelConfig, features: int, name: str) -> nn.Dense:
     use_bias=config.use_bias,
     dtype=compute_dtype(config),
     kernel_init=DENSE_INIT,
+    dot_general=dense_dot_general,
     name=name,
   )
 
