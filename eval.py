@@ -13,7 +13,7 @@ sacrebleu (beam search by default); classifiers and ViT: accuracy and a confusio
 from absl import app, flags, logging
 
 from transformer import eval_lib
-from transformer.cli import parse_flags, run_reporting_errors
+from transformer.cli import apply_process_settings, parse_flags, run_reporting_errors
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory")
 _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "step to evaluate (default: latest)")
@@ -62,6 +62,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
+  apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
   run_reporting_errors(_run)
 
 

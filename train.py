@@ -7,7 +7,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer import train_lib
-from transformer.cli import parse_flags, run_reporting_errors
+from transformer.cli import apply_process_settings, parse_flags, run_reporting_errors
 from transformer.distributed import maybe_initialize
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -22,6 +22,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if not flags.FLAGS["verbosity"].present:  # library INFO logs (orbax) only with -v 0
     logging.set_verbosity(logging.WARNING)
+  apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
   maybe_initialize()
   run_reporting_errors(train_lib.train_and_evaluate, _CONFIG.value, _WORKDIR.value)
 

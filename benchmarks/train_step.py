@@ -27,7 +27,6 @@ page-faulted in again every step) and `--xla_flags=--xla_cpu_prefer_vector_width
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import os
 import statistics
@@ -38,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from transformer import process_settings
 from transformer.config import ModelConfig, flops_per_token
 from transformer.models import build_model
 from transformer.training.parallel import StepRunner, make_mesh
@@ -92,23 +92,16 @@ WORKLOADS = {
 
 
 def set_malloc_policy(policy: str) -> None:
-  """'heap': one glibc arena, no mmap for large blocks, no trimming (before JAX starts).
+  """'heap': glibc keeps freed memory (`process_settings.keep_freed_memory`), before JAX starts.
 
   With glibc's defaults each step's large temporaries (one 780 MB XLA buffer per GPT step)
   are mmap-ed and unmapped, and the kernel faults and zeroes them again every step.
   """
-  if policy == "default":
-    return
-  libc = ctypes.CDLL("libc.so.6")
-  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8
-  for option, value in ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1)):
-    if not libc.mallopt(option, value):
-      raise RuntimeError(f"mallopt({option}, {value}) failed")
+  if policy != "default" and not process_settings.keep_freed_memory():
+    raise RuntimeError("mallopt failed (glibc needed for --malloc heap)")
 
 
-def add_xla_flags(flags: str) -> None:
-  """Appends to XLA_FLAGS; effective only before the first JAX computation."""
-  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
+add_xla_flags = process_settings.add_xla_flags  # appends to XLA_FLAGS
 
 
 def with_model(w: Workload, **changes) -> Workload:

@@ -6,10 +6,24 @@ import sys
 
 from absl import flags, logging
 
+from transformer import process_settings
+
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "show the full traceback of an error")
+_CPU_TUNING = flags.DEFINE_enum(
+  "cpu_tuning", "auto", process_settings.MODES,
+  "CPU process settings (allocator, XLA vector width; docs/PERFORMANCE.md): auto = when JAX"
+  " runs on the CPU",
+)  # fmt: skip
 
 # Errors that describe bad input or a stopped run: one clear line, no traceback.
 USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, PermissionError, RuntimeError)
+
+
+def apply_process_settings() -> None:
+  """`process_settings.apply(--cpu_tuning)`; call before JAX computes anything."""
+  applied = process_settings.apply(_CPU_TUNING.value)
+  if applied:
+    logging.info("CPU process settings: %s", ", ".join(applied))
 
 
 def run_reporting_errors(fn, *args) -> None:

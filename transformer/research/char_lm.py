@@ -1,0 +1,146 @@
+"""A character-level GPT on tiny shakespeare, trained in one compiled loop, for experiments.
+
+The experiments `ln_depth` and `extrapolation` train many small variants of the same
+model; this module gives them one honest, fast training function: the project's
+`DecoderLM`, AdamW with the project's weight-decay mask and clipping, and a warmup-cosine
+schedule, with the whole run compiled as one `jax.lax.scan` (batches are drawn inside it
+from random offsets of the training text, as nanoGPT does). The numbers it produces are
+comparable with the default run (`configs/lm_shakespeare.py`): same data split (last 10%
+of the text for validation), same tokenizer, same optimizer settings.
+
+Letters: B batch, T context length, V vocabulary, N characters.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import gzip
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.config import ModelConfig
+from transformer.data.tokenizers import CharTokenizer
+from transformer.models.decoder import DecoderLM
+from transformer.training import losses, optimizer, schedules
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "tinyshakespeare.txt.gz"
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+  """Character ids of the training and validation text, and the vocabulary size."""
+
+  train: np.ndarray  # [N_train] int32
+  validation: np.ndarray  # [N_val] int32
+  vocab_size: int
+
+
+@functools.lru_cache(maxsize=2)
+def load_corpus(path: str = str(DATA), validation_fraction: float = 0.1) -> Corpus:
+  """Reads the text, builds the character vocabulary, splits off the last fraction."""
+  file = Path(path)
+  if not file.is_file():
+    raise FileNotFoundError(f"text file {file} not found (tiny shakespeare ships in data/)")
+  opener = gzip.open if file.suffix == ".gz" else open
+  with opener(file, "rt", encoding="utf-8") as f:
+    text = f.read()
+  tokenizer = CharTokenizer.train([text])
+  ids = tokenizer.encode_array(text).astype(np.int32)
+  split = int(len(ids) * (1 - validation_fraction))
+  return Corpus(ids[:split], ids[split:], tokenizer.vocab_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """One training run. Defaults are the default run's (`configs/lm_shakespeare.py`)."""
+
+  steps: int = 2000  # updates
+  batch_size: int = 12  # sequences per update
+  seq_len: int = 64  # training context T
+  learning_rate: float = 1e-3  # peak
+  warmup_steps: int = 100  # linear warmup (0: start at the peak)
+  final_fraction: float = 0.1  # cosine decay to this fraction of the peak
+  weight_decay: float = 0.1  # decoupled, not on biases / norms / embeddings
+  clip_norm: float = 1.0  # global-norm clipping
+  seed: int = 0  # parameters and batches
+
+
+def train(model_config: ModelConfig, run: RunConfig, corpus: Corpus) -> tuple[dict, np.ndarray]:
+  """Trains from scratch -> (params, per-step training loss [steps] float32 NumPy).
+
+  A run that diverges keeps going (its losses turn NaN or stay high); the caller decides
+  what counts as a failure.
+  """
+  if model_config.max_len < run.seq_len:
+    raise ValueError(f"max_len {model_config.max_len} < seq_len {run.seq_len}")
+  params, step_losses = _train(model_config, run, jnp.asarray(corpus.train))
+  return params, np.asarray(step_losses)
+
+
+@functools.partial(jax.jit, static_argnames=("model_config", "run"))
+def _train(model_config: ModelConfig, run: RunConfig, text: jax.Array) -> tuple[dict, jax.Array]:
+  model = DecoderLM(model_config)
+  k_init, k_data = jax.random.split(jax.random.PRNGKey(run.seed))
+  params = model.init(k_init, jnp.zeros((1, run.seq_len), jnp.int32))["params"]
+  schedule = schedules.warmup_cosine(
+    run.learning_rate, run.steps, run.warmup_steps, run.final_fraction
+  )
+  block = {"b2": 0.99, "eps": 1e-8, "weight_decay": run.weight_decay, "clip_norm": run.clip_norm}
+  tx = optimizer.create_optimizer(block, schedule, params)
+  offsets = jnp.arange(run.seq_len + 1)  # [T + 1]
+
+  def loss_fn(p, window):
+    logits = model.apply({"params": p}, window[:, :-1])  # [B, T, V]
+    total, count, _ = losses.cross_entropy_with_label_smoothing(logits, window[:, 1:])
+    return total / count
+
+  def step(carry, key):
+    p, opt_state = carry
+    starts = jax.random.randint(key, (run.batch_size,), 0, text.shape[0] - run.seq_len - 1)
+    window = text[starts[:, None] + offsets]  # [B, T + 1]
+    loss, grads = jax.value_and_grad(loss_fn)(p, window)
+    updates, opt_state = tx.update(grads, opt_state, p)
+    p = jax.tree_util.tree_map(lambda a, u: a + u, p, updates)
+    return (p, opt_state), loss
+
+  keys = jax.random.split(k_data, run.steps)
+  (params, _), step_losses = jax.lax.scan(step, (params, tx.init(params)), keys)
+  return params, step_losses
+
+
+def evaluate(
+  model_config: ModelConfig, params: dict, ids: np.ndarray, length: int, batch_size: int = 64
+) -> np.ndarray:
+  """Next-character loss (nats) by position, over consecutive non-overlapping windows.
+
+  Returns [length] float64: entry t is the mean loss of predicting character t + 1 of a
+  window from its first t + 1 characters (its mean is the overall loss). Every window
+  starts from an empty context, so with `length` twice the training context the second
+  half of the entries use positions the model never trained on. The tail shorter than
+  one window is dropped.
+  """
+  if length > model_config.max_len:
+    raise ValueError(f"length {length} > max_len {model_config.max_len}")
+  count = (len(ids) - 1) // length
+  if count < 1:
+    raise ValueError(f"{len(ids)} characters are too few for one window of {length}")
+  starts = np.arange(count) * length
+  windows = ids[starts[:, None] + np.arange(length + 1)]  # [count, length + 1]
+  total = np.zeros(length)
+  for i in range(0, count, batch_size):
+    batch = jnp.asarray(windows[i : i + batch_size])
+    total += np.asarray(_position_loss_sums(model_config, params, batch), np.float64)
+  return total / count
+
+
+@functools.partial(jax.jit, static_argnames=("model_config",))
+def _position_loss_sums(model_config: ModelConfig, params: dict, windows: jax.Array) -> jax.Array:
+  """windows [B, T + 1] -> summed loss per position [T] (float32)."""
+  logits = DecoderLM(model_config).apply({"params": params}, windows[:, :-1])  # [B, T, V]
+  log_probs = jax.nn.log_softmax(logits)  # [B, T, V]
+  picked = jnp.take_along_axis(log_probs, windows[:, 1:, None], axis=-1)[..., 0]  # [B, T]
+  return -picked.sum(axis=0)
