@@ -1,6 +1,8 @@
 """Shared test set-up: eight fake CPU devices, tiny configs, random parameters, jitted apply.
 
-The XLA flag must be set before JAX is first imported, so it comes first. Fixtures:
+The XLA flags must be set before JAX starts, so they come first: eight devices, and the
+CPU vector width `train.py` sets (`process_settings`), so results computed here and in
+`train.py` subprocesses round identically (bit-exact resume tests compare them). Fixtures:
 
   tiny_config(family='decoder', **overrides) -> ModelConfig   a small valid config
   random_params(module, *args, seed=0, method=None, **kwargs) -> params
@@ -15,6 +17,8 @@ import os
 
 if "XLA_FLAGS" not in os.environ:
   os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+if "xla_cpu_prefer_vector_width" not in os.environ["XLA_FLAGS"]:
+  os.environ["XLA_FLAGS"] += " --xla_cpu_prefer_vector_width=512"  # as train.py on the CPU
 
 import math  # noqa: E402
 from typing import Any  # noqa: E402

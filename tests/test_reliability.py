@@ -374,11 +374,11 @@ def test_pickle_payloads_planted_in_a_workdir_never_run(tmp_path, trained):
     train_lib.load_model_config(workdir)
   with open(vocab, "wb") as f:  # JSON
     f.write(payload)
-  with pytest.raises(ValueError):  # UnicodeDecodeError; see test_tokenizer_file_errors
+  with pytest.raises(ValueError, match="not a tokenizer JSON file"):
     load_tokenizer(vocab)
   spm = tmp_path / "spm_unigram_64.model"  # SentencePiece: a protobuf
   spm.write_bytes(payload)
-  with pytest.raises(RuntimeError):
+  with pytest.raises(ValueError, match="not a usable SentencePiece model"):
     load_tokenizer(spm)
   assert not os.path.exists(marker)
 
@@ -557,10 +557,9 @@ def test_every_listed_bad_value_fails_in_one_line_naming_the_field():
   assert len(cases) > 400 and bad == []
 
 
-# Validation gaps found by the search above, outside this suite's files (experiment.py
-# checks only loop and model fields by type; DataConfig checks none; NaN passes `x < 0`).
-# Each case must fail in one line naming the field; strict: a fix turns it into a failure
-# here, so the mark is removed with the fix.
+# Validation gaps the search above once found (the data block was not type-checked, NaN
+# passed `x < 0`, a ConfigDict value printed on several lines): each case must fail in one
+# line naming the field.
 @pytest.mark.parametrize(
   "changes",
   [
@@ -574,7 +573,6 @@ def test_every_listed_bad_value_fails_in_one_line_naming_the_field():
     pytest.param({"batch_size": {"a": 1}}, id="batch_size=dict-two-lines"),
   ],
 )
-@pytest.mark.xfail(strict=True, reason="experiment.validate / DataConfig gap (reported)")
 def test_known_validation_gaps(changes):
   (key,) = changes
   with pytest.raises(ValueError) as error:
@@ -761,7 +759,6 @@ def test_huge_lines_and_binary_images(tmp_path):
     image_builders.image_folder(tmp_path / "imgs", tmp_path / "tfds")
 
 
-@pytest.mark.xfail(strict=True, reason="transformer/data/files.py: csv.Error escapes (reported)")
 def test_table_field_over_csv_limit_names_file_and_line(tmp_path):
   from transformer.data import builders
 
@@ -787,7 +784,6 @@ def test_table_field_over_csv_limit_names_file_and_line(tmp_path):
   ],
   ids=["empty", "binary", "truncated", "list", "no-code-points", "spm-garbage", "spm-empty"],
 )
-@pytest.mark.xfail(strict=True, reason="transformer/data/tokenizers.py: load_tokenizer (reported)")
 def test_tokenizer_file_errors_name_the_file(tmp_path, name, content):
   path = _write(tmp_path / name, content)
   with pytest.raises(ValueError, match=re.escape(str(path))):

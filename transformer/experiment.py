@@ -15,6 +15,8 @@ the field. Blocks:
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
 import typing
 from typing import Any
 
@@ -130,14 +132,36 @@ class Experiment:
 
 
 def _fail(field: str, value: Any, rule: str):
-  raise ValueError(f"config.{field}={value!r}: {rule}")
+  if isinstance(value, ml_collections.ConfigDict):
+    value = value.to_dict()  # its repr is multi-line YAML
+  shown = repr(value).replace("\n", " ")
+  shown = shown if len(shown) <= 80 else shown[:77] + "..."
+  raise ValueError(f"config.{field}={shown}: {rule}")
 
 
-def _check_type(field: str, value: Any, expected: type) -> None:
+def _check_type(field: str, value: Any, expected: type, optional: bool = False) -> None:
+  """`value` is an `expected` (int for float too, never bool for a number; None if optional)."""
+  if value is None and optional:
+    return
   if expected is float and isinstance(value, int) and not isinstance(value, bool):
     return
-  if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-    _fail(field, value, f"must be {expected.__name__}")
+  if expected is tuple and isinstance(value, list):
+    return
+  if not isinstance(value, expected) or (expected in (int, float) and isinstance(value, bool)):
+    _fail(field, value, f"must be {expected.__name__}{' or None' if optional else ''}")
+  if expected is float and math.isnan(value):
+    _fail(field, value, "must be a number, not NaN")
+
+
+def _field_type(hint: Any) -> tuple[type, bool] | None:
+  """(type, optional) for hints int / float / str / bool / tuple[...] and their `| None`."""
+  args = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+  optional = type(None) in args
+  rest = [a for a in args if a is not type(None)]
+  if len(rest) != 1:
+    return None
+  base = typing.get_origin(rest[0]) or rest[0]
+  return (base, optional) if base in (int, float, str, bool, tuple) else None
 
 
 def validate(config: ml_collections.ConfigDict) -> Experiment:
@@ -251,13 +275,11 @@ def finalize_model(exp: Experiment, vocab_size: int, num_classes: int) -> ModelC
 
 
 def _construct(block: str, build, fields: dict[str, Any], from_mapping: bool = False):
-  hints = {}
-  if not from_mapping:
-    hints = typing.get_type_hints(build)
+  hints = typing.get_type_hints(DataConfig if from_mapping else build)
   for name, value in fields.items():
-    hint = hints.get(name)
-    if hint in (int, float, str, bool):
-      _check_type(f"{block}.{name}", value, hint)
+    expected = _field_type(hints.get(name))
+    if expected is not None:
+      _check_type(f"{block}.{name}", value, *expected)
   try:
     return build(fields) if from_mapping else build(**fields)
   except ValueError as e:

@@ -107,7 +107,13 @@ def read_table(
     raise ValueError(f"{path}:1: header {header} lacks column(s) {missing}")
   where = [header.index(c) for c in columns]
   line = reader.line_num
-  for row in reader:
+  while True:
+    try:
+      row = next(reader)
+    except StopIteration:
+      return
+    except csv.Error as e:  # e.g. a field over csv.field_size_limit() (131,072 characters)
+      raise ValueError(f"{path}:{reader.line_num}: unreadable row: {e}") from None
     if not row:  # A blank line (typically a trailing one).
       line = reader.line_num
       continue

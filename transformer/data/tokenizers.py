@@ -264,15 +264,32 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
   if not p.exists():
     raise FileNotFoundError(f"{p}: no such tokenizer file")
   if p.suffix != ".json":
-    return SentencePieceTokenizer(p.read_bytes())
-  data = json.loads(p.read_text())
+    proto = p.read_bytes()
+    if not proto:
+      raise ValueError(f"{p}: empty file, expected a SentencePiece model")
+    try:
+      return SentencePieceTokenizer(proto)
+    except (RuntimeError, ValueError, OSError) as e:  # sentencepiece: RuntimeError on garbage
+      raise ValueError(f"{p}: not a usable SentencePiece model: {e}") from None
+  try:
+    data = json.loads(p.read_text(encoding="utf-8"))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{p}: not a tokenizer JSON file: {e}") from None
+  if not isinstance(data, dict):
+    raise ValueError(f"{p}: expected a JSON object, got {type(data).__name__}")
   if tuple(data.get("specials", ())) != SPECIAL_TOKENS:
     raise ValueError(f"{p}: special tokens {data.get('specials')} differ from {SPECIAL_TOKENS}")
-  if data["kind"] == "char":
-    return CharTokenizer([chr(c) for c in data["code_points"]])
-  if data["kind"] == "byte":
+  kind = data.get("kind")
+  if kind == "char":
+    codes = data.get("code_points")
+    if not isinstance(codes, list) or not all(
+      isinstance(c, int) and 0 <= c <= 0x10FFFF for c in codes
+    ):
+      raise ValueError(f"{p}: 'code_points' must be a list of Unicode code points")
+    return CharTokenizer([chr(c) for c in codes])
+  if kind == "byte":
     return ByteTokenizer()
-  raise ValueError(f"{p}: unknown tokenizer kind {data['kind']!r}")
+  raise ValueError(f"{p}: unknown tokenizer kind {kind!r}")
 
 
 def tokenizer_filename(kind: str, vocab_size: int = 0, model_type: str = "unigram") -> str:
