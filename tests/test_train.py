@@ -197,6 +197,22 @@ def test_unwritable_workdir_and_incompatible_checkpoint(tmp_path):
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["3"]  # nothing lost
 
 
+def test_init_from_refuses_a_run_with_another_tokenizer(tmp_path):
+  """Fine-tuning from a run whose character vocabulary differs fails before compiling;
+  reusing that run's tokenizer (`data.tokenizer_from`) trains."""
+  source = str(tmp_path / "source")
+  train_lib.train_and_evaluate(tiny_lm_config(num_train_steps=3), source)
+  text = tmp_path / "other.txt"
+  text.write_text("abc def ghi, jkl!\n" * 3000)  # another character set, same tokenizer kind
+  config = tiny_lm_config(num_train_steps=3, init_from=source)
+  config.data.path = str(text)
+  with pytest.raises(ValueError, match=r"init_from=.* differs from this run's.*tokenizer_from"):
+    train_lib.train_and_evaluate(config, str(tmp_path / "own_vocab"))
+  config.data.tokenizer_from = source
+  metrics = train_lib.train_and_evaluate(config, str(tmp_path / "shared_vocab"))
+  assert np.isfinite(metrics["loss"])
+
+
 def test_workdir_lock_refuses_live_owner_and_recovers_stale(tmp_path):
   from transformer.workdir import LOCK_FILE, WorkdirLock
 

@@ -21,7 +21,9 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -32,6 +34,7 @@ import numpy as np
 from transformer import evaluation, experiment, partitioning
 from transformer.config import ModelConfig
 from transformer.data.datasets import DataInfo, make_datasets
+from transformer.data.tokenizers import tokenizer_filename
 from transformer.models import build_model
 from transformer.training import checkpoints, schedules
 from transformer.training.metric_writers import MetricWriter, plot_curves
@@ -155,6 +158,32 @@ def _load_init_from(path: str, params: Any) -> Any:
   return params
 
 
+def _check_init_tokenizer(path: str, info: DataInfo) -> None:
+  """`init_from` a run whose tokenizer of the same kind and size differs from this run's.
+
+  Its embedding rows would be copied by shape onto ids that mean other tokens. A source
+  run with no tokenizer of this run's kind and size is allowed (its embeddings have other
+  shapes and are not copied; the rest of the model is).
+  """
+  root = Path(path) / "tokenizers"
+  if info.tokenizer is None or not root.is_dir():
+    return
+  cfg = info.config
+  name = tokenizer_filename(cfg.tokenizer, cfg.vocab_size, cfg.spm_model_type)
+  theirs = sorted(root.rglob(name))
+  if not theirs:
+    return
+  with tempfile.TemporaryDirectory() as tmp:
+    info.tokenizer.save(Path(tmp) / name)
+    mine = (Path(tmp) / name).read_bytes()
+  if any(f.read_bytes() == mine for f in theirs):
+    return
+  raise ValueError(
+    f"config.init_from={path!r}: its tokenizer {theirs[0]} differs from this run's, so token"
+    f" ids would not mean the same; reuse it with --config.data.tokenizer_from={path}"
+  )
+
+
 class _EvaluationInterrupted(Exception):
   """Internal: a preemption notice arrived during an evaluation."""
 
@@ -239,6 +268,8 @@ def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
   train_iter, eval_factory, info = make_datasets(
     exp.data, workdir, loop["batch_size"], loop["seq_len"], loop["seed"]
   )
+  if loop["init_from"]:
+    _check_init_tokenizer(loop["init_from"], info)
   model_cfg = experiment.finalize_model(exp, info.vocab_size, info.num_classes)
   longest = max(info.seq_len, info.target_seq_len)
   if model_cfg.family != "vit" and longest > model_cfg.max_len:

@@ -68,6 +68,7 @@ def run(
   eval_chars: int = 0,
   corpus: char_lm.Corpus | None = None,
   verbose: bool = False,
+  learning_rate: float = 1e-3,
 ) -> list[Result]:
   """Trains every (variant, seed) pair; `eval_chars` 0 = the whole validation split."""
   corpus = corpus or char_lm.load_corpus()
@@ -81,7 +82,10 @@ def run(
     for seed in seeds:
       start = time.perf_counter()
       settings = char_lm.RunConfig(
-        steps=steps, warmup_steps=warmup if variant_warmup is None else variant_warmup, seed=seed
+        steps=steps,
+        warmup_steps=warmup if variant_warmup is None else variant_warmup,
+        learning_rate=learning_rate,
+        seed=seed,
       )
       params, step_losses = char_lm.train(config, settings, corpus)
       tail = step_losses[-max(1, steps // 10) :]
@@ -116,6 +120,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
   parser.add_argument("--d_model", type=int, default=128, help="width (d_ff = 4 * d_model)")
   parser.add_argument("--steps", type=int, default=1000, help="updates per run")
   parser.add_argument("--warmup", type=int, default=200, help="warmup of 'post-LN + warmup'")
+  parser.add_argument("--learning_rate", type=float, default=1e-3, help="peak, cosine decay")
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
   parser.add_argument("--eval_chars", type=int, default=0, help="0 = whole validation split")
@@ -123,12 +128,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
   corpus = char_lm.load_corpus()
   print(
     f"ln_depth: {args.depth} layers, d_model {args.d_model}, {args.steps} steps of 12 x 64,"
-    f" lr 1e-3 cosine, seeds {args.seeds}",
+    f" lr {args.learning_rate:g} cosine, seeds {args.seeds}",
     flush=True,
   )
   results = run(
     args.variants, args.seeds, args.depth, args.d_model, args.steps, args.warmup,
-    args.eval_chars, corpus, verbose=True,
+    args.eval_chars, corpus, verbose=True, learning_rate=args.learning_rate,
   )  # fmt: skip
   validation = corpus.validation[: args.eval_chars] if args.eval_chars else corpus.validation
   print(to_markdown(results, unigram_loss(corpus, validation[1:])))
