@@ -137,6 +137,90 @@ def test_gradients_of_every_impl_match_float64_autograd():
       np.testing.assert_allclose(g, x.grad.numpy(), rtol=1e-4, atol=2e-5, err_msg=f"{impl} d{name}")
 
 
+def test_causal_query_blocks_are_exact_in_values_and_gradients():
+  """The causal 'xla' path splits T = S = 512 into 4 query blocks that skip masked keys:
+  same output and gradients (q, k, v, bias) as float64 references, with packed segments,
+  a dense mask, a bias and GQA."""
+  b, t, n, k, h = 2, 512, 4, 2, 8
+  assert attn.causal_query_blocks(t, t, MaskInfo.create(jnp.ones((b, t)), causal=True)) == 4
+  q, kk, v = _qkv(b, t, t, n, k, h, seed=5)
+  rng = np.random.default_rng(6)
+  bias = rng.standard_normal((1, n, t, t)).astype(np.float32)
+  cotangent = rng.standard_normal((b, t, n, h)).astype(np.float32)
+  seg = np.ones((b, t), np.int32)
+  seg[0, 200:] = 2  # a packed second example in row 0
+  seg[1, 480:] = 0  # padding at the end of row 1
+  dense = rng.random((b, 1, t, t)) > 0.1
+  dense[..., np.arange(t), np.arange(t)] = True  # no fully masked row (see the docstring)
+  info = MaskInfo.create(jnp.asarray(seg), causal=True)
+
+  cotangent = cotangent * (seg > 0)[..., None, None]  # padding queries' outputs unused
+
+  @jax.jit
+  def run(q, k, v, bias):
+    def loss(*args):
+      out = dot_product_attention(*args[:3], mask=dense, mask_info=info, bias=args[3])
+      return jnp.sum(out * cotangent), out
+
+    return jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True)(q, k, v, bias)
+
+  got, out = run(q, kk, v, bias)
+  full_mask = ref.reference_mask(np.arange(t), np.arange(t), True, None, seg, seg) & dense
+  expected = ref.attention(*(x.astype(np.float64) for x in (q, kk, v)), full_mask, bias)
+  valid = seg > 0
+  np.testing.assert_allclose(np.asarray(out)[valid], expected[valid], **TOL)
+  tensors = [torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, kk, v, bias)]
+  torch_out = _torch_attention(*tensors[:3], torch.tensor(full_mask), tensors[3])
+  (torch_out * torch.tensor(cotangent, dtype=torch.float64)).sum().backward()
+  for name, g, x in zip("qkvb", got, tensors, strict=True):
+    np.testing.assert_allclose(g, x.grad.numpy(), rtol=1e-4, atol=2e-5, err_msg=f"d{name}")
+
+
+def test_causal_query_blocks_dropout_is_unbiased_and_reproducible():
+  """Dropout in the 2-block path: same key, same output; the mean over 400 keys is the
+  output without dropout (inverted dropout), to within its sampling error."""
+  t = 256
+  q, k, v = (jnp.asarray(x) for x in _qkv(1, t, t, 1, 1, 4, seed=7))
+  info = MaskInfo.create(jnp.ones((1, t), jnp.int32), causal=True)
+  assert attn.causal_query_blocks(t, t, info) == 2
+
+  def f(rng):
+    return dot_product_attention(
+      q, k, v, mask_info=info, dropout_rate=0.5, dropout_rng=rng, deterministic=False
+    )
+
+  keys = jax.random.split(jax.random.PRNGKey(0), 400)
+  outs = jax.jit(jax.vmap(f))(keys)  # [400, 1, T, 1, 4]
+  clean = dot_product_attention(q, k, v, mask_info=info)
+  single = jax.jit(f)
+  np.testing.assert_array_equal(single(keys[0]), single(keys[0]))
+  np.testing.assert_allclose(outs[0], single(keys[0]), **TOL)  # vmapped: same masks
+  assert not np.allclose(outs[0], clean, **TOL)
+  error = np.abs(np.asarray(outs.mean(0)) - np.asarray(clean))
+  spread = np.asarray(outs.std(0)) / np.sqrt(len(keys))
+  assert np.all(error <= 5 * spread + 1e-6), (error / (spread + 1e-12)).max()
+
+
+@pytest.mark.parametrize(
+  "t, s, causal, offset, window, expected",
+  [
+    (512, 512, True, 0, None, 4),
+    (256, 256, True, 0, None, 2),
+    (384, 384, True, 0, None, 3),
+    (2048, 2048, True, 0, None, 4),
+    (128, 128, True, 0, None, 1),  # too short to gain
+    (256, 256, False, 0, None, 1),  # bidirectional
+    (256, 256, True, 0, 64, 1),  # windowed
+    (256, 512, True, 0, None, 1),  # not self-attention over the same length
+    (256, 256, True, 3, None, 1),  # decoding at an offset
+  ],
+)
+def test_causal_query_blocks_only_where_they_apply(t, s, causal, offset, window, expected):
+  info = MaskInfo.create(jnp.ones((1, t)), causal=causal, window=window).replace(q_offset=offset)
+  assert attn.causal_query_blocks(t, s, info) == expected
+  assert attn.causal_query_blocks(t, s, None) == 1
+
+
 def test_mask_helpers_match_reference():
   tokens = jnp.array([[5, 3, 0, 0], [1, 2, 3, 0]])
   np.testing.assert_array_equal(
