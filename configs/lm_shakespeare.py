@@ -5,8 +5,9 @@ no dropout, pre-LN, GELU, learned positions, AdamW lr 1e-3 with cosine decay.
 
   python train.py --config configs/lm_shakespeare.py --workdir runs/lm_shakespeare
 
-Result (2-core CPU shared with other jobs, load average 2.4-4): 136 s wall (97 s user +
-48 s system CPU), start-up, compilation and four evaluations included; validation loss
+Result (2-core CPU shared with other jobs, load average about 2): 76 s wall (116 s user +
+6 s system CPU; 94 s with --cpu_tuning=off), start-up, compilation and four evaluations
+included; validation loss
 1.8425 over the whole validation split (111,537 predicted characters; nanoGPT reports
 1.88), 2.0028 at step 1,000. Unchanged hyperparameters; the final sample fills the
 64-character context (the model has no positions beyond it).
