@@ -202,12 +202,28 @@ def to_torch(w: Workload, batch: dict[str, np.ndarray]) -> tuple[tuple, torch.Te
   return (torch.from_numpy(batch["inputs"]).long(),), targets
 
 
+def _to_device(example: tuple[tuple, torch.Tensor], device: str) -> tuple[tuple, torch.Tensor]:
+  inputs, targets = example
+  return tuple(x.to(device) for x in inputs), targets.to(device)
+
+
 class TorchStep:
   """The PyTorch train step of a workload, eager (SDPA) or under torch.compile."""
 
-  def __init__(self, w: Workload, compiled: bool, num_batches: int = 4, seed: int = 0):
+  def __init__(
+    self,
+    w: Workload,
+    compiled: bool,
+    num_batches: int = 4,
+    seed: int = 0,
+    device: str = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+  ):
+    """device: 'cpu' or 'cuda'; autocast_dtype: e.g. torch.bfloat16 for mixed precision
+    (float32 master weights, as ours)."""
     torch.manual_seed(seed)
-    self.w, self.model = w, build(w).train()
+    self.w, self.model = w, build(w).train().to(device)
+    self.device, self.autocast_dtype = device, autocast_dtype
     self.opt = torch.optim.AdamW(
       self.model.parameters(),
       lr=LEARNING_RATE,
@@ -217,7 +233,7 @@ class TorchStep:
       **(dict(foreach=True) if compiled else dict(fused=True)),
     )
     rng = np.random.default_rng(seed)
-    self.batches = [to_torch(w, make_batch(w, rng)) for _ in range(num_batches)]
+    self.batches = [_to_device(to_torch(w, make_batch(w, rng)), device) for _ in range(num_batches)]
     self.forward, self.update = self.model, self._update
     if compiled:
       from torch._inductor import config as inductor_config
@@ -233,9 +249,14 @@ class TorchStep:
   def step(self) -> float:
     inputs, targets = self.batches[self.i % len(self.batches)]
     self.i += 1
-    logits = self.forward(*inputs)
+    with torch.autocast(
+      self.device, dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None
+    ):
+      logits = self.forward(*inputs)
     loss = F.cross_entropy(
-      logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), label_smoothing=LABEL_SMOOTHING
+      logits.float().reshape(-1, logits.shape[-1]),
+      targets.reshape(-1),
+      label_smoothing=LABEL_SMOOTHING,
     )
     self.opt.zero_grad(set_to_none=True)
     loss.backward()
