@@ -18,23 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer import evaluation, experiment, partitioning
+from transformer import evaluation, experiment, finetune, partitioning
 from transformer.config import ModelConfig
 from transformer.data.datasets import DataInfo, make_datasets
-from transformer.data.tokenizers import tokenizer_filename
 from transformer.models import build_model
 from transformer.training import checkpoints, schedules
 from transformer.training.metric_writers import MetricWriter, plot_curves
@@ -126,64 +121,6 @@ def _check_model_matches(workdir: str, model_cfg: ModelConfig) -> None:
     )
 
 
-def _load_init_from(path: str, params: Any) -> Any:
-  """Copies the parameters of another run whose paths and shapes match (fine-tuning)."""
-  ckpt_dir = (
-    os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
-  )
-  with checkpoints.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False) as mgr:
-    step = mgr.latest_step()
-    if step is None:
-      raise ValueError(f"config.init_from={path!r}: no checkpoint found in {ckpt_dir}")
-    source = mgr.restore_numpy(step)["params"]
-  flat_src = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
-  copied = []
-
-  def take(keypath, leaf):
-    key = jax.tree_util.keystr(keypath)
-    src = flat_src.get(key)
-    if src is not None and tuple(src.shape) == tuple(leaf.shape):
-      copied.append(key)
-      return jnp.asarray(src, leaf.dtype)
-    return leaf
-
-  params = jax.tree_util.tree_map_with_path(take, params)
-  if not copied:
-    raise ValueError(
-      f"config.init_from={path!r}: no parameter matches this model by path and shape"
-    )
-  logging.info(
-    "init_from %s: %d of %d tensors copied", path, len(copied), len(jax.tree.leaves(params))
-  )
-  return params
-
-
-def _check_init_tokenizer(path: str, info: DataInfo) -> None:
-  """`init_from` a run whose tokenizer of the same kind and size differs from this run's.
-
-  Its embedding rows would be copied by shape onto ids that mean other tokens. A source
-  run with no tokenizer of this run's kind and size is allowed (its embeddings have other
-  shapes and are not copied; the rest of the model is).
-  """
-  root = Path(path) / "tokenizers"
-  if info.tokenizer is None or not root.is_dir():
-    return
-  cfg = info.config
-  name = tokenizer_filename(cfg.tokenizer, cfg.vocab_size, cfg.spm_model_type)
-  theirs = sorted(root.rglob(name))
-  if not theirs:
-    return
-  with tempfile.TemporaryDirectory() as tmp:
-    info.tokenizer.save(Path(tmp) / name)
-    mine = (Path(tmp) / name).read_bytes()
-  if any(f.read_bytes() == mine for f in theirs):
-    return
-  raise ValueError(
-    f"config.init_from={path!r}: its tokenizer {theirs[0]} differs from this run's, so token"
-    f" ids would not mean the same; reuse it with --config.data.tokenizer_from={path}"
-  )
-
-
 class _EvaluationInterrupted(Exception):
   """Internal: a preemption notice arrived during an evaluation."""
 
@@ -269,7 +206,7 @@ def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
     exp.data, workdir, loop["batch_size"], loop["seq_len"], loop["seed"]
   )
   if loop["init_from"]:
-    _check_init_tokenizer(loop["init_from"], info)
+    finetune.check_init_tokenizer(loop["init_from"], info)
   model_cfg = experiment.finalize_model(exp, info.vocab_size, info.num_classes)
   longest = max(info.seq_len, info.target_seq_len)
   if model_cfg.family != "vit" and longest > model_cfg.max_len:
@@ -330,7 +267,7 @@ def _train(config, exp, loop, workdir, lock, preemption) -> dict[str, float]:
         s.train_iter.set_state(restored.data_state)
       print(f"resumed from step {restored.step} ({ckpt.directory})")
     elif loop["init_from"]:
-      state = state.replace(params=_load_init_from(loop["init_from"], state.params))
+      state = state.replace(params=finetune.load_init_from(loop["init_from"], state.params))
       state = state.replace(opt_state=s.tx.init(state.params))
     if is_primary:
       checkpoints.write_config(config, workdir)
