@@ -69,11 +69,13 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     return epath.Path(inspect.getfile(cls))
 
   def _features(self) -> tfds.features.FeaturesDict:
-    raise NotImplementedError
+    """The example features; each builder below defines its own (abstract here)."""
+    raise NotImplementedError(f"{type(self).__name__} must define _features")
 
   def _parse(self) -> dict[str, list[dict[str, Any]]]:
-    """Reads and validates the source; returns split -> examples (source order)."""
-    raise NotImplementedError
+    """Reads and validates the source; returns split -> examples (source order). Each
+    builder below defines its own (abstract here)."""
+    raise NotImplementedError(f"{type(self).__name__} must define _parse")
 
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(

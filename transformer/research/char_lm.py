@@ -38,6 +38,10 @@ class Corpus:
   validation: np.ndarray  # [N_val] int32
   vocab_size: int
 
+  def validation_head(self, chars: int = 0) -> np.ndarray:
+    """The first `chars` validation characters (0: all of them)."""
+    return self.validation[:chars] if chars else self.validation
+
 
 @functools.lru_cache(maxsize=2)
 def load_corpus(path: str = str(DATA), validation_fraction: float = 0.1) -> Corpus:

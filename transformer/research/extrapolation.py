@@ -58,7 +58,7 @@ def run(
 ) -> list[Result]:
   """Trains one model per position encoding and evaluates it at 1x and 2x context."""
   corpus = corpus or char_lm.load_corpus()
-  validation = corpus.validation[:eval_chars] if eval_chars else corpus.validation
+  validation = corpus.validation_head(eval_chars)
   results = []
   for position in positions:
     if position not in POSITIONS:

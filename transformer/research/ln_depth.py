@@ -72,7 +72,7 @@ def run(
 ) -> list[Result]:
   """Trains every (variant, seed) pair; `eval_chars` 0 = the whole validation split."""
   corpus = corpus or char_lm.load_corpus()
-  validation = corpus.validation[:eval_chars] if eval_chars else corpus.validation
+  validation = corpus.validation_head(eval_chars)
   results = []
   for variant in variants:
     if variant not in VARIANTS:
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args.variants, args.seeds, args.depth, args.d_model, args.steps, args.warmup,
     args.eval_chars, corpus, verbose=True, learning_rate=args.learning_rate,
   )  # fmt: skip
-  validation = corpus.validation[: args.eval_chars] if args.eval_chars else corpus.validation
+  validation = corpus.validation_head(args.eval_chars)
   print(to_markdown(results, unigram_loss(corpus, validation[1:])))
   return results
 
