@@ -22,3 +22,36 @@ def test_gpu_gpt2_benchmark_smoke():
   rows = [line for line in out.stdout.splitlines() if line.startswith("| ")]
   assert [r.split(" | ")[0] for r in rows[1:]] == ["| ours (jax)", "| torch eager"], out.stdout
   assert "gpt2_smoke: batch 2 x 128, bf16" in out.stdout
+
+
+def test_matmul_ceiling_reads_every_dot_of_a_compiled_program():
+  """`benchmarks/matmul_ceiling.py` finds the dots of optimized HLO (inside fusions too) with
+  their operand shapes and dimension numbers, and counts their FLOPs."""
+  import jax
+  import jax.numpy as jnp
+  from jax import lax
+
+  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+  try:
+    import matmul_ceiling
+  finally:
+    sys.path.remove(os.path.join(REPO, "benchmarks"))
+
+  def f(x, w, q, k):
+    h = jnp.tanh(x @ w)  # [8, 16] . [16, 32]
+    dw = lax.dot_general(x, h, (((0,), (0,)), ((), ())))  # x^T h: [16, 32]
+    s = jnp.einsum("bnth,bnsh->bnts", q, k)  # batched over [2, 3]
+    return h.sum() + dw.sum() + s.sum()
+
+  args = [jnp.ones(s, jnp.float32) for s in [(8, 16), (16, 32), (2, 3, 5, 4), (2, 3, 7, 4)]]
+  dots = matmul_ceiling.dots_of(jax.jit(f).lower(*args).compile().as_text())
+  expected = {
+    ((8, 16), (16, 32), 2 * 8 * 16 * 32),
+    ((8, 16), (8, 32), 2 * 16 * 32 * 8),
+    ((2, 3, 5, 4), (2, 3, 7, 4), 2 * 2 * 3 * 5 * 7 * 4),
+  }
+  assert {(d.lhs, d.rhs, d.flops) for d in dots} == expected, dots
+  batched = next(d for d in dots if d.lhs_batch)
+  assert (batched.lhs_batch, batched.rhs_batch) == ((0, 1), (0, 1))
+  assert (batched.lhs_contracting, batched.rhs_contracting) == ((3,), (3,))
+  assert matmul_ceiling.time_dot(batched, repeats=2) > 0
