@@ -3,6 +3,7 @@ when a GPU machine is available (it is run there, not here)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -24,6 +25,14 @@ def test_gpu_gpt2_benchmark_smoke():
   assert "gpt2_smoke: batch 2 x 128, bf16" in out.stdout
 
 
+def _import_benchmark(name: str):
+  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+  try:
+    return importlib.import_module(name)
+  finally:
+    sys.path.remove(os.path.join(REPO, "benchmarks"))
+
+
 def test_matmul_ceiling_reads_every_dot_of_a_compiled_program():
   """`benchmarks/matmul_ceiling.py` finds the dots of optimized HLO (inside fusions too) with
   their operand shapes and dimension numbers, and counts their FLOPs."""
@@ -31,11 +40,7 @@ def test_matmul_ceiling_reads_every_dot_of_a_compiled_program():
   import jax.numpy as jnp
   from jax import lax
 
-  sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-  try:
-    import matmul_ceiling
-  finally:
-    sys.path.remove(os.path.join(REPO, "benchmarks"))
+  matmul_ceiling = _import_benchmark("matmul_ceiling")
 
   def f(x, w, q, k):
     h = jnp.tanh(x @ w)  # [8, 16] . [16, 32]
@@ -55,3 +60,10 @@ def test_matmul_ceiling_reads_every_dot_of_a_compiled_program():
   assert (batched.lhs_batch, batched.rhs_batch) == ((0, 1), (0, 1))
   assert (batched.lhs_contracting, batched.rhs_contracting) == ((3,), (3,))
   assert matmul_ceiling.time_dot(batched, repeats=2) > 0
+
+
+def test_dense_layouts_times_three_gemms_per_layout():
+  dense_layouts = _import_benchmark("dense_layouts")
+  ms = dense_layouts.dense_gemms(64, 8, 16, repeats=1)
+  assert sorted(ms) == ["feature-major", "token-major"]
+  assert all(len(v) == 3 and all(t > 0 for t in v) for v in ms.values()), ms
