@@ -145,9 +145,11 @@ class BertMLM(nn.Module):
     self.ln = nn.LayerNorm(c.d_model, eps=c.norm_eps)
     self.bias = nn.Parameter(torch.zeros(c.vocab_size))
 
-  def forward(self, inputs):
-    x = self.ln(F.gelu(self.transform(self.body(self.embed(inputs)))))
-    return x @ self.tokens.weight.T + self.bias  # [B, T, V]
+  def forward(self, inputs, predict):
+    x = self.body(self.embed(inputs))  # [B, T, D]
+    x = torch.gather(x, 1, predict[..., None].expand(-1, -1, x.shape[-1]))  # [B, P, D]
+    x = self.ln(F.gelu(self.transform(x)))
+    return x @ self.tokens.weight.T + self.bias  # [B, P, V]
 
 
 class Seq2Seq(nn.Module):
@@ -196,6 +198,11 @@ def to_torch(w: Workload, batch: dict[str, np.ndarray]) -> tuple[tuple, torch.Te
     return (images,), torch.from_numpy(batch["label"]).long()
   targets = torch.from_numpy(batch["targets"]).long()
   targets = torch.where(torch.from_numpy(batch["weights"]) > 0, targets, -100)
+  if w.kind == "mlm":  # the head runs on the scored positions only, as ours
+    predict = np.argsort(batch["weights"] <= 0, axis=-1, kind="stable")[:, : w.mlm_predictions]
+    predict = torch.from_numpy(predict).long()
+    inputs = torch.from_numpy(batch["inputs"]).long()
+    return (inputs, predict), torch.gather(targets, 1, predict)
   if w.kind == "seq2seq":  # decoder inputs: targets shifted right, 0 first
     shifted = torch.from_numpy(np.pad(batch["targets"], ((0, 0), (1, 0)))[:, :-1]).long()
     return (torch.from_numpy(batch["inputs"]).long(), shifted), targets

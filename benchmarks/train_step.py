@@ -8,7 +8,8 @@ hidden, attention weights), label smoothing 0.1, AdamW (3e-4, b2 0.98, eps 1e-9,
 decay 1e-4), clipping at global norm 1.0:
 
   gpt      decoder LM: vocab 4096, D 256, 4 layers, 4 heads, F 1024, T 256, batch 16
-  bert     masked LM of the same size (bidirectional, MLM head tied, 15% of positions scored)
+  bert     masked LM of the same size (bidirectional, MLM head tied; 38 = round(15% of 256)
+           positions per row scored, the head runs on those only)
   seq2seq  encoder-decoder of the same size, 4 + 4 layers, cross-attention, S = T = 256
   vit      ViT-Ti/4 on 28x28x1 images: D 192, 3 heads, 12 layers, F 768, 49 patches + [CLS],
            10 classes, batch 64
@@ -39,6 +40,7 @@ import optax
 
 from transformer import process_settings
 from transformer.config import ModelConfig, flops_per_token
+from transformer.data import masking
 from transformer.models import build_model
 from transformer.training.parallel import StepRunner, make_mesh
 from transformer.training.tasks import init_inputs
@@ -76,9 +78,15 @@ class Workload:
     return self.batch * self.seq
 
   @property
+  def mlm_predictions(self) -> int | None:
+    """Positions per row the MLM head runs on (`StepConfig.mlm_max_predictions`)."""
+    return masking.max_selected(MASK_RATE, self.seq) if self.kind == "mlm" else None
+
+  @property
   def flops_per_step(self) -> float:
     """Model matmul FLOPs of one training step (forward + backward)."""
-    return self.tokens_per_step * flops_per_token(self.model, self.seq, training=True)
+    per_token = flops_per_token(self.model, self.seq, True, self.mlm_predictions)
+    return self.tokens_per_step * per_token
 
 
 WORKLOADS = {
@@ -143,8 +151,10 @@ def make_batch(w: Workload, rng: np.random.Generator) -> dict[str, np.ndarray]:
       "positions": positions,
     }
   tokens = rng.integers(2, c.vocab_size, size=(b, t)).astype(np.int32)
-  if w.kind == "mlm":  # MASK_RATE of positions replaced by id 1 ([MASK]) and scored
-    masked = rng.random((b, t)) < MASK_RATE
+  if w.kind == "mlm":  # round(MASK_RATE * t) positions per row replaced by id 1 ([MASK]), scored
+    scored = np.argsort(rng.random((b, t)), axis=-1)[:, : w.mlm_predictions]
+    masked = np.zeros((b, t), bool)
+    np.put_along_axis(masked, scored, True, axis=-1)
     return {
       "inputs": np.where(masked, 1, tokens).astype(np.int32),
       "targets": tokens,
@@ -178,7 +188,13 @@ class OursStep:
     self.w = w
     model = build_model(w.model)
     tx = optimizer()
-    step_cfg = StepConfig(model=model, tx=tx, kind=w.kind, label_smoothing=LABEL_SMOOTHING)
+    step_cfg = StepConfig(
+      model=model,
+      tx=tx,
+      kind=w.kind,
+      label_smoothing=LABEL_SMOOTHING,
+      mlm_max_predictions=w.mlm_predictions,
+    )
     self.runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
     rng = np.random.default_rng(seed)
     self.batches = [make_batch(w, rng) for _ in range(num_batches)]

@@ -142,6 +142,15 @@ def test_flops_per_token_counts_every_matmul_of_a_decoder(overrides):
   assert flops_per_token(c, 50) == pytest.approx(3 * expected, rel=1e-12)
 
 
+def test_mlm_head_flops_count_the_predicted_positions_only():
+  c = ModelConfig(family="encoder", vocab_size=100, d_model=64, num_heads=4, d_ff=96)
+  head = 2 * (64 * 64 + 64 * 100)  # transform + tied logits, per predicted position
+  full = flops_per_token(c, 50, training=False)
+  assert flops_per_token(c, 50, False, mlm_predictions=50) == pytest.approx(full, rel=1e-12)
+  some = flops_per_token(c, 50, False, mlm_predictions=8)
+  assert full - some == pytest.approx(head * (1 - 8 / 50), rel=1e-12)
+
+
 def test_flops_are_about_six_times_the_parameters_for_gpt2():
   """The 6N rule (Kaplan et al. 2020) holds for GPT-2 small at short context."""
   c = named("gpt2_small")

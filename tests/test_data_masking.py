@@ -60,6 +60,23 @@ def test_mlm_is_deterministic_under_seed():
   assert not all(np.array_equal(x[1], y[1]) for x, y in zip(a, c, strict=True))
 
 
+@pytest.mark.parametrize("rate", [0.15, 0.3, 0.5])
+def test_no_row_selects_more_than_max_selected(rate):
+  """`max_selected` bounds every row: the train step predicts that many positions per row."""
+  rng = np.random.default_rng(1)
+  for length in (3, 16, 37, 128):
+    bound = masking.max_selected(rate, length)
+    for _ in range(100):
+      row = rng.integers(0, VOCAB, length)  # any mix of specials and ordinary tokens
+      starts = rng.random(length) < 0.5
+      for ws in (None, starts):
+        _, weights = masking.mask_tokens(row, rng, VOCAB, mask_rate=rate, word_starts=ws)
+        assert (weights > 0).sum() <= bound
+    all_ordinary = rng.integers(NUM_SPECIAL, VOCAB, length)
+    _, weights = masking.mask_tokens(all_ordinary, rng, VOCAB, mask_rate=rate)
+    assert (weights > 0).sum() == bound  # the bound is reached, so it is the least one
+
+
 def test_whole_word_masking_selects_whole_words():
   rng = np.random.default_rng(0)
   rows, starts = [], []

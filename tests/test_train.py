@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -15,7 +16,10 @@ import pytest
 
 from transformer import eval_lib, experiment, train_lib
 from transformer.config import ModelConfig
+from transformer.data import masking
+from transformer.data.tokenizers import CLS_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 from transformer.models import build_model
+from transformer.training import train_step as train_step_lib
 from transformer.training.parallel import StepRunner, make_mesh
 from transformer.training.train_step import StepConfig, create_train_state
 
@@ -105,6 +109,89 @@ def test_gradient_accumulation_equals_one_large_batch():
   acc, s_acc = _losses(*_runner("jit", devices, accum=4), batches)
   np.testing.assert_allclose(acc, big, atol=1e-5)
   del s_big, s_acc  # see the comment in the test above
+
+
+MLM_RATE, MLM_LEN = 0.15, 24
+
+
+def _mlm_batch(rng, b=8, t=MLM_LEN, vocab=40):
+  """Rows of [CLS] text [SEP] PAD... masked by `masking.mask_tokens`, as the pipeline does."""
+  rows = {k: [] for k in ("inputs", "targets", "weights", "segment_ids", "positions")}
+  for i in range(b):
+    n = int(rng.integers(4, t + 1))
+    ids = np.full(t, PAD_ID, np.int32)
+    ids[0], ids[1 : n - 1], ids[n - 1] = CLS_ID, rng.integers(NUM_SPECIAL, vocab, n - 2), SEP_ID
+    if i == 0:  # a row of ordinary tokens only: as many scored positions as any row can have
+      ids = rng.integers(NUM_SPECIAL, vocab, t).astype(np.int32)
+    inputs, weights = masking.mask_tokens(ids, rng, vocab, mask_rate=MLM_RATE)
+    rows["inputs"].append(inputs)
+    rows["targets"].append(ids)
+    rows["weights"].append(weights)
+    rows["segment_ids"].append((ids != PAD_ID).astype(np.int32))
+    rows["positions"].append(np.arange(t, dtype=np.int32))
+  return {k: np.stack(v) for k, v in rows.items()}
+
+
+def _mlm_runner(max_predictions):
+  cfg = ModelConfig(
+    family="encoder", vocab_size=40, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=32
+  )
+  model = build_model(cfg)
+  tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3, b2=0.98, eps=1e-9))
+  step_cfg = StepConfig(
+    model=model, tx=tx, kind="mlm", label_smoothing=0.1, mlm_max_predictions=max_predictions
+  )
+  runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
+  return runner, create_train_state(params, tx, jax.random.PRNGKey(1)), model
+
+
+def test_mlm_logits_at_scored_positions_only_give_the_same_updates():
+  """BERT's max_predictions_per_seq: the head runs on the scored positions (padded to the
+  per-row bound); loss, metrics and gradients equal those of logits at every position."""
+  rng = np.random.default_rng(4)
+  batches = [_mlm_batch(rng) for _ in range(3)]
+  bound = masking.max_selected(MLM_RATE, MLM_LEN)
+  counts = np.concatenate([(b["weights"] > 0).sum(-1) for b in batches])
+  assert counts.max() == bound and counts.min() < bound  # full rows and padded ones
+  metrics, grads = {}, {}
+  for max_predictions in (None, bound):
+    runner, state, model = _mlm_runner(max_predictions)
+    params = jax.device_get(state.params)  # the step donates the state
+    loss_sum = functools.partial(
+      train_step_lib._sums, runner.cfg, rng=jax.random.PRNGKey(7), deterministic=False
+    )
+    grad = jax.jit(jax.grad(lambda p, b, f=loss_sum: f(p, b)[0]))
+    grads[max_predictions] = grad(params, batches[0])
+    state = runner.place_state(state)
+    metrics[max_predictions] = []
+    for b in batches:
+      state, m = runner.train(state, b)
+      metrics[max_predictions].append({k: float(v) for k, v in jax.device_get(m).items()})
+  for a, g in zip(metrics[None], metrics[bound], strict=True):
+    for k in ("loss", "perplexity", "accuracy", "grad_norm", "param_norm"):
+      assert g[k] == pytest.approx(a[k], rel=2e-5), k
+  close = lambda a, g: np.testing.assert_allclose(g, a, rtol=1e-4, atol=2e-6)  # noqa: E731
+  jax.tree.map(close, grads[None], grads[bound])
+  # The model itself: logits at given positions are the full logits there.
+  b = batches[0]
+  predict = np.argsort(b["weights"] <= 0, axis=-1, kind="stable")[:, :bound]
+  args = (b["inputs"], b["segment_ids"], b["positions"])
+  all_logits = model.apply({"params": params}, *args)
+  some = model.apply({"params": params}, *args, predict_positions=predict)
+  np.testing.assert_allclose(
+    some, np.take_along_axis(np.asarray(all_logits), predict[..., None], 1), rtol=1e-5, atol=1e-5
+  )
+
+
+def test_mlm_row_scoring_more_positions_than_predicted_is_refused():
+  runner, state, _ = _mlm_runner(max_predictions=2)
+  batch = _mlm_batch(np.random.default_rng(5))
+  batch["weights"][:] = 0.0
+  batch["weights"][3, 1:4] = 1.0
+  state = runner.place_state(state)
+  with pytest.raises(ValueError, match="scores 3 positions, more than the 2"):
+    runner.train(state, batch)
 
 
 def test_tiny_model_memorises_one_batch():

@@ -404,12 +404,16 @@ def param_count(c: ModelConfig) -> int:
   return embed + embed_norm + _stack_params(c, c.num_layers, cross=False) + head
 
 
-def flops_per_token(c: ModelConfig, seq_len: int, training: bool = True) -> float:
+def flops_per_token(
+  c: ModelConfig, seq_len: int, training: bool = True, mlm_predictions: int | None = None
+) -> float:
   """Matmul FLOPs per token (2 per multiply-add), forward or forward+backward (x3).
 
   Counts every projection, the feed-forward, the output logits (or classifier) and the
   attention score and value products (4 * T * N * H per layer and token, the PaLM convention;
   causal masking is not subtracted). Norms, softmax and elementwise work are excluded.
+  `mlm_predictions`: the encoder's MLM head runs at that many of every `seq_len` positions
+  (the train step's `mlm_max_predictions`) instead of all of them.
   """
   d, qh = c.d_model, c.num_heads * c.head_dim
   attn_proj = 2 * (d * qh + 2 * d * c.kv_heads * c.head_dim + qh * d)
@@ -427,6 +431,8 @@ def flops_per_token(c: ModelConfig, seq_len: int, training: bool = True) -> floa
   elif c.family == "encoder":
     body = c.num_layers * per_layer
     head = 2 * (d * d + d * c.vocab_size)  # MLM transform + logits
+    if mlm_predictions is not None:
+      head *= mlm_predictions / seq_len
   else:
     body = c.num_layers * per_layer
     head = 2 * d * c.vocab_size

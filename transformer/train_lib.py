@@ -29,6 +29,7 @@ import numpy as np
 
 from transformer import evaluation, experiment, finetune, partitioning
 from transformer.config import ModelConfig
+from transformer.data import masking
 from transformer.data.datasets import DataInfo, make_datasets
 from transformer.models import build_model
 from transformer.training import checkpoints, schedules
@@ -226,6 +227,9 @@ def build(config: ml_collections.ConfigDict, workdir: str, exp=None) -> Setup:
     grad_accum_steps=loop["grad_accum_steps"],
     schedule=schedule,
     inject_nonfinite=inject if inject[0] > 0 and inject[1] != "inputs" else None,
+    mlm_max_predictions=masking.max_selected(exp.data.mask_rate, info.seq_len)
+    if kind == "mlm"
+    else None,
   )
   mesh = partitioning.make_mesh(exp.mesh)
   runner = StepRunner(step_cfg, loop["parallelism"], mesh, exp.rules)

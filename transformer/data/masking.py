@@ -26,6 +26,13 @@ def _word_groups(candidates: np.ndarray, word_starts: np.ndarray) -> list[np.nda
   return np.split(idx, np.flatnonzero(new)[1:])
 
 
+def max_selected(mask_rate: float, length: int) -> int:
+  """The most positions `mask_tokens` selects in a row of `length` tokens: the budget of a
+  row whose tokens are all ordinary. The train step computes MLM logits at this many
+  positions per row instead of all of them (BERT's `max_predictions_per_seq`)."""
+  return max(1, round(mask_rate * length))
+
+
 def mask_tokens(
   ids: np.ndarray,
   rng: np.random.Generator,

@@ -72,12 +72,25 @@ class MaskedLM(nn.Module):
 
   @nn.compact
   def __call__(
-    self, tokens, segment_ids=None, positions=None, token_type_ids=None, deterministic: bool = True
+    self,
+    tokens,
+    segment_ids=None,
+    positions=None,
+    token_type_ids=None,
+    deterministic: bool = True,
+    predict_positions=None,
   ) -> jax.Array:
-    """tokens [B, T] -> float32 logits [B, T, V]."""
+    """tokens [B, T] -> float32 logits [B, T, V], or [B, P, V] at `predict_positions`.
+
+    `predict_positions` (int [B, P], optional): the positions whose tokens are predicted,
+    as BERT's `masked_lm_positions`; the head (transform and logits, most of an MLM's
+    output FLOPs) then runs on those P positions only.
+    """
     c = self.config
     embed, encoder = _backbone(c)
     x = encoder(tokens, segment_ids, positions, token_type_ids, deterministic)  # [B, T, D]
+    if predict_positions is not None:
+      x = jnp.take_along_axis(x, predict_positions[..., None], axis=1)  # [B, P, D]
     x = nn.Dense(c.d_model, dtype=compute_dtype(c), name="mlm_transform")(x)
     x = make_norm(c, "mlm_norm")(nn.gelu(x, approximate=False))
     if c.tie_embeddings:

@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer import partitioning
+from transformer.training.tasks import check_mlm_batch
 from transformer.training.train_step import StepConfig, TrainState, eval_step, train_step
 
 PMAP_AXIS = "batch"
@@ -145,6 +146,8 @@ class StepRunner:
 
   def place_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows -> a global sharded batch (jit) or [devices, ...] (pmap)."""
+    if self.cfg.kind == "mlm":
+      check_mlm_batch(batch, self.cfg.mlm_max_predictions)
     if self.parallelism == "jit":
       return {
         k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))

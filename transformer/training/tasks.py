@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Batch = Mapping[str, jax.Array]
 
@@ -27,7 +28,16 @@ def _lm(model, variables, batch, deterministic, rngs):
   return logits, batch["targets"], batch["weights"]
 
 
-def _mlm(model, variables, batch, deterministic, rngs):
+def _mlm(model, variables, batch, deterministic, rngs, max_predictions=None):
+  """All T positions, or the scored ones (weight > 0, in order) padded to `max_predictions`
+  per row; rows with more scored positions than that are refused on the host
+  (`check_mlm_batch`)."""
+  targets, weights, predict = batch["targets"], batch["weights"], None
+  if max_predictions is not None:
+    scored_first = jnp.argsort(weights <= 0, axis=-1, stable=True)  # [B, T]
+    predict = scored_first[:, :max_predictions]  # [B, P]; weight 0 where a row has fewer
+    targets = jnp.take_along_axis(targets, predict, axis=-1)
+    weights = jnp.take_along_axis(weights, predict, axis=-1)
   logits = model.apply(
     variables,
     batch["inputs"],
@@ -35,8 +45,22 @@ def _mlm(model, variables, batch, deterministic, rngs):
     positions=batch["positions"],
     deterministic=deterministic,
     rngs=rngs,
-  )  # [B, T, V]
-  return logits, batch["targets"], batch["weights"]
+    predict_positions=predict,
+  )  # [B, T or P, V]
+  return logits, targets, weights
+
+
+def check_mlm_batch(batch: Mapping[str, np.ndarray], max_predictions: int | None) -> None:
+  """Host-side guard for `_mlm`: no row scores more than `max_predictions` positions."""
+  if max_predictions is None:
+    return
+  most = int(np.max(np.sum(np.asarray(batch["weights"]) > 0, axis=-1), initial=0))
+  if most > max_predictions:
+    raise ValueError(
+      f"an MLM batch row scores {most} positions, more than the {max_predictions} the train "
+      "step predicts per row (data.mask_rate x seq_len); the batch does not come from "
+      "transformer.data's MLM masking"
+    )
 
 
 def _labels_and_weights(batch: Batch) -> tuple[jax.Array, jax.Array]:

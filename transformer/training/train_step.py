@@ -52,6 +52,8 @@ class StepConfig:
   axis_name: str | None = None  # set for pmap
   schedule: Any = None  # count -> learning rate, for logging
   inject_nonfinite: tuple[int, str] | None = None  # tests: (update, 'loss' | 'grads') made NaN
+  # mlm: logits only at up to this many scored positions per row (None: at all positions).
+  mlm_max_predictions: int | None = None
 
 
 def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
@@ -68,8 +70,10 @@ def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.A
 def _sums(cfg: StepConfig, params, batch: Batch, rng, deterministic: bool):
   """Summed loss of one (micro-)batch and the sums behind the metrics."""
   rngs = {"dropout": rng} if rng is not None else {}
+  predicted = cfg.kind == "mlm" and cfg.mlm_max_predictions is not None
+  options = {"max_predictions": cfg.mlm_max_predictions} if predicted else {}
   logits, targets, weights = FORWARD[cfg.kind](
-    cfg.model, {"params": params}, batch, deterministic, rngs
+    cfg.model, {"params": params}, batch, deterministic, rngs, **options
   )
   loss_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
     logits, targets, weights, cfg.label_smoothing, cfg.z_loss
