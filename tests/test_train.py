@@ -171,7 +171,7 @@ def test_mlm_logits_at_scored_positions_only_give_the_same_updates():
   for a, g in zip(metrics[None], metrics[bound], strict=True):
     for k in ("loss", "perplexity", "accuracy", "grad_norm", "param_norm"):
       assert g[k] == pytest.approx(a[k], rel=2e-5), k
-  close = lambda a, g: np.testing.assert_allclose(g, a, rtol=1e-4, atol=2e-6)  # noqa: E731
+  close = lambda a, g: np.testing.assert_allclose(g, a, rtol=1e-4, atol=2e-6)
   jax.tree.map(close, grads[None], grads[bound])
   # The model itself: logits at given positions are the full logits there.
   b = batches[0]
