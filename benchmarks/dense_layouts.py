@@ -14,8 +14,6 @@ dimensions. Prints milliseconds per GEMM and the sum for each layout (medians).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,12 +25,7 @@ from jax import lax
 def _median_ms(f, *args, repeats: int) -> float:
   f = jax.jit(f)
   f(*args).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    f(*args).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return 1e3 * statistics.median(times)
+  return 1e3 * ts.median_seconds(lambda: f(*args).block_until_ready(), repeats)
 
 
 def dense_gemms(m: int, k: int, n: int, repeats: int) -> dict[str, list[float]]:

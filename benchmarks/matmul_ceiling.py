@@ -23,8 +23,6 @@ import argparse
 import collections
 import dataclasses
 import re
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -114,12 +112,7 @@ def time_dot(d: Dot, repeats: int) -> float:
   numbers = ((d.lhs_contracting, d.rhs_contracting), (d.lhs_batch, d.rhs_batch))
   f = jax.jit(lambda x, y: lax.dot_general(x, y, numbers))
   f(a, b).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    f(a, b).block_until_ready()
-    times.append(time.perf_counter() - t)
-  return statistics.median(times)
+  return ts.median_seconds(lambda: f(a, b).block_until_ready(), repeats)
 
 
 def main():
@@ -142,12 +135,7 @@ def main():
     raise SystemExit("no dot found in the compiled step's HLO")
   for _ in range(3):
     ours.step()
-  step_times = []
-  for _ in range(args.repeats):
-    t = time.perf_counter()
-    ours.step()
-    step_times.append(time.perf_counter() - t)
-  step_s = statistics.median(step_times)
+  step_s = ts.median_seconds(ours.step, args.repeats)
   peak = ts.matmul_peak("float32")
 
   counts = collections.Counter(dots)

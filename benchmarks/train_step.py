@@ -116,6 +116,16 @@ def with_model(w: Workload, **changes) -> Workload:
   return dataclasses.replace(w, model=w.model.replace(**changes))
 
 
+def median_seconds(fn, repeats: int) -> float:
+  """Median wall time of `fn()` over `repeats` calls (`fn` waits for its own result)."""
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn()
+    times.append(time.perf_counter() - t)
+  return statistics.median(times)
+
+
 def matmul_peak(dtype: str = "float32", sizes=(1024, 2048), repeats: int = 10) -> float:
   """Best achieved FLOP/s of n x n x n matmuls (2 n^3 FLOPs): the machine's practical peak."""
   best = 0.0
