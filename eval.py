@@ -12,8 +12,8 @@ sacrebleu (beam search by default); classifiers and ViT: accuracy and a confusio
 
 from absl import app, flags, logging
 
-from transformer import eval_lib
 from transformer.cli import apply_process_settings, parse_flags, run_reporting_errors
+from transformer.eval import evaluate as eval_lib
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory")
 _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "step to evaluate (default: latest)")
@@ -31,8 +31,8 @@ flags.mark_flag_as_required("workdir")
 
 
 def _run():
-  if _ANALYZE.value:  # transformer/analysis.py; see docs/RESEARCH.md
-    from transformer import analysis
+  if _ANALYZE.value:  # transformer/research/analysis.py; see docs/RESEARCH.md
+    from transformer.research import analysis
 
     text = _PROMPT.value[0] if _PROMPT.value else None
     print(analysis.analyze(_WORKDIR.value, _CHECKPOINT.value, text=text)["markdown"])

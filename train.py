@@ -6,9 +6,9 @@ Rerunning the same command resumes from the latest checkpoint in DIR.
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from transformer import train_lib
 from transformer.cli import apply_process_settings, parse_flags, run_reporting_errors
-from transformer.distributed import maybe_initialize
+from transformer.train import loop as train_lib
+from transformer.train.distributed import maybe_initialize
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "experiment config file", lock_config=True

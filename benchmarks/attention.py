@@ -19,7 +19,7 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer.attention import MaskInfo, dot_product_attention
+from transformer.nn.attention import MaskInfo, dot_product_attention
 
 GiB = 1024**3
 MiB = 1024**2

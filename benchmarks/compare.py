@@ -5,13 +5,13 @@
   python benchmarks/compare.py --malloc default --xla_flags=   # no process settings
 
 For each workload of `train_step.WORKLOADS` (gpt, bert, seq2seq, vit) this builds our step
-(`transformer.training.train_step` through `StepRunner`, as `benchmarks/train_step.py`)
+(`transformer.train.step` through `StepRunner`, as `benchmarks/train_step.py`)
 and the PyTorch reference of `torch_reference.py` in both modes, in one process, then
 times them alternately, one step each per round (ours, eager, compile, ours, ...), after
 `--warmup` rounds that are not counted; every figure is a median over `--rounds`. Each
 round also times one 2048^3 float32 matmul in JAX and in PyTorch: the machine's matmul
 peak is the best rate either reached in the run, and MFU is model FLOP/s (the same
-`transformer.config.flops_per_token` count for both frameworks) over that peak. The
+`transformer.nn.config.flops_per_token` count for both frameworks) over that peak. The
 machine is shared, so the last table adds MFU against the faster library's median matmul
 rate (timed under the same load as the steps), MFU of our fastest step, and the load.
 

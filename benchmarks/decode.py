@@ -3,7 +3,7 @@
   python benchmarks/decode.py                        # V=4096, D=256, 4 layers, 256 new tokens
   python benchmarks/decode.py --batch-sizes 1 --new-tokens 64 --no-cache-steps 16
 
-"cache": `transformer.decoding.lm_decode`, a jitted while loop that prefills the prompt
+"cache": `transformer.decode.lm_decode`, a jitted while loop that prefills the prompt
 and then feeds one token per step to the cached model. "no cache": a jitted while loop
 that runs the full forward pass over a fixed [B, prompt + new] buffer every step
 (positions beyond the current token are PAD, invisible to the causal mask) and takes the
@@ -26,9 +26,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer import decoding
-from transformer.config import ModelConfig
-from transformer.models import DecoderLM
+from transformer import decode
+from transformer.data.tokenizers import NUM_SPECIAL
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import DecoderLM
 
 
 def parse_args() -> argparse.Namespace:
@@ -98,7 +99,7 @@ def per_token_times(model: DecoderLM, params, prompts: np.ndarray, new_tokens: i
     return jnp.argmax(logits, -1).astype(jnp.int32), variables["cache"]
 
   step = jax.jit(step, donate_argnums=1)
-  cache = prefill(params, decoding.init_cache(model, b), jnp.asarray(prompts))
+  cache = prefill(params, decode.init_cache(model, b), jnp.asarray(prompts))
   tokens = jnp.asarray(prompts[:, -1:])
   jax.block_until_ready(step(params, jax.tree.map(jnp.copy, cache), tokens, tokens))  # compile
   times = []
@@ -133,11 +134,11 @@ def main() -> None:
   rng = np.random.default_rng(0)
   throughput, per_token = [], []
   for b in a.batch_sizes:
-    prompts = rng.integers(7, a.vocab, (b, a.prompt_len)).astype(np.int32)
+    prompts = rng.integers(NUM_SPECIAL, a.vocab, (b, a.prompt_len)).astype(np.int32)
     lengths = np.full(b, a.prompt_len, np.int32)
 
     def cached(prompts=prompts, lengths=lengths):
-      return decoding.lm_decode(model, params, prompts, lengths, length=a.new_tokens).tokens
+      return decode.lm_decode(model, params, prompts, lengths, length=a.new_tokens).tokens
 
     first, best = timed(cached, a.repeats)
     throughput.append(("KV cache", b, a.new_tokens, first, best, b * a.new_tokens / best))

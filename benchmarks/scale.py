@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer.config import ModelConfig
-from transformer.models import build_model
-from transformer.training.parallel import StepRunner, make_mesh
-from transformer.training.train_step import StepConfig, create_train_state
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import build_model
+from transformer.train.parallel import StepRunner, make_mesh
+from transformer.train.step import StepConfig, create_train_state
 
 
 def _compiled(cfg: ModelConfig, batch: int, seq: int):

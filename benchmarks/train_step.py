@@ -14,8 +14,8 @@ decay 1e-4), clipping at global norm 1.0:
   vit      ViT-Ti/4 on 28x28x1 images: D 192, 3 heads, 12 layers, F 768, 49 patches + [CLS],
            10 classes, batch 64
 
-The step is `transformer.training.train_step` compiled by `StepRunner` (jit, one device,
-state donated). MFU is model matmul FLOPs per second (`transformer.config.flops_per_token`,
+The step is `transformer.train.step` compiled by `StepRunner` (jit, one device,
+state donated). MFU is model matmul FLOPs per second (`transformer.nn.config.flops_per_token`,
 forward + backward) over the machine's matmul peak, measured here with large square
 matmuls in the same dtype (`matmul_peak`). Prints a Markdown table.
 
@@ -39,12 +39,12 @@ import numpy as np
 import optax
 
 from transformer import process_settings
-from transformer.config import ModelConfig, flops_per_token
 from transformer.data import masking
-from transformer.models import build_model
-from transformer.training.parallel import StepRunner, make_mesh
-from transformer.training.tasks import init_inputs
-from transformer.training.train_step import StepConfig, create_train_state
+from transformer.nn.config import ModelConfig, flops_per_token
+from transformer.nn.models import build_model
+from transformer.tasks.registry import init_inputs
+from transformer.train.parallel import StepRunner, make_mesh
+from transformer.train.step import StepConfig, create_train_state
 
 # The reference GPT; the other workloads keep its sizes.
 REFERENCE = dict(
@@ -69,7 +69,7 @@ class Workload:
 
   name: str
   model: ModelConfig
-  kind: str  # lm | mlm | seq2seq | image (transformer.training.tasks)
+  kind: str  # lm | mlm | seq2seq | image (transformer.tasks.registry)
   batch: int
   seq: int
 

@@ -25,7 +25,7 @@ Fine-tuned from a later mlm_bible run (its MLM head at the predicted positions o
 27.0%), seed 0: 90.03% (0.250) in 60 s wall (93 s user CPU, load ~2).
 """
 
-from transformer.experiment import default_config
+from transformer.train.experiment import default_config
 
 
 def get_config(arg=None):

@@ -13,7 +13,7 @@ included; validation loss
 64-character context (the model has no positions beyond it).
 """
 
-from transformer.experiment import default_config
+from transformer.train.experiment import default_config
 
 
 def get_config(arg=None):
@@ -62,7 +62,7 @@ def sweep():
   stays at the unigram loss) comes from `python -m transformer.research.ln_depth`, see
   docs/RESEARCH.md.
 
-  python -m transformer.sweep --config configs/lm_shakespeare.py --workdir runs/ln_depth \
+  python -m transformer.research.sweep --config configs/lm_shakespeare.py --workdir runs/ln_depth \
       --override schedule.warmup_steps=0 --parallel 2
   """
   return [

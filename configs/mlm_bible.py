@@ -17,7 +17,7 @@ tokens/s and reached 27.0% / 4.541. With 15% masking and lr 1e-3 the same budget
 only 17.8% / 5.192.
 """
 
-from transformer.experiment import default_config
+from transformer.train.experiment import default_config
 
 
 def get_config(arg=None):

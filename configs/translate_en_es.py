@@ -19,7 +19,7 @@ still falling: BLEU >= 20 needs a longer run than the 10-minute budget. Without
 `scale_embeddings` the same run was at 15.7% / NLL 4.98 at step 400 (stopped at 600).
 """
 
-from transformer.experiment import default_config
+from transformer.train.experiment import default_config
 
 
 def get_config(arg=None):

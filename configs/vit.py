@@ -8,8 +8,8 @@ AdamW lr 1e-3 (batch 1024), weight decay 0.05, 5 warmup epochs, cosine decay, la
 smoothing 0.1, random crops and flips. No reference result on this machine.
 """
 
-from transformer.config import NAMED_SIZES
-from transformer.experiment import default_config
+from transformer.nn.config import NAMED_SIZES
+from transformer.train.experiment import default_config
 
 SIZES = ("Ti/16", "S/16", "B/16")
 
@@ -18,7 +18,7 @@ def get_config(arg="B/16"):
   if arg not in SIZES:
     raise ValueError(f"configs/vit.py: size must be one of {SIZES}, got {arg!r}")
   config = default_config()
-  config.model.update(NAMED_SIZES[f"vit_{arg.lower()}"])  # see transformer/config.py
+  config.model.update(NAMED_SIZES[f"vit_{arg.lower()}"])  # see transformer/nn/config.py
   config.model.num_classes = 0  # from the data (1000 for ImageNet)
   config.model.dropout_rate = 0.0  # DeiT: no dropout
   config.data.kind = "image"  # image classification

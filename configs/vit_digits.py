@@ -12,7 +12,7 @@ Result (2-core CPU, shared): 300 steps in 22 s wall (16 s CPU; first use, IDX wr
 dataset preparation included), test accuracy 91.9% (loss 0.326) on the 360 test digits.
 """
 
-from transformer.experiment import default_config
+from transformer.train.experiment import default_config
 
 
 def get_config(arg=None):

@@ -14,7 +14,7 @@ than 20 CPU-minutes buy here (e.g. 6 blocks and ~15 epochs: about 50 minutes).
 """
 
 from transformer.data.image_builders import FASHION_MNIST_LABELS
-from transformer.experiment import default_config
+from transformer.train.experiment import default_config
 
 
 def get_config(arg=None):

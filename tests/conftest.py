@@ -28,7 +28,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from transformer.config import ModelConfig  # noqa: E402
+from transformer.nn.config import ModelConfig  # noqa: E402
 
 TINY = dict(
   vocab_size=40,

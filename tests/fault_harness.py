@@ -169,7 +169,7 @@ def interrupt(
 
 def final_state(workdir: str) -> dict:
   """The newest checkpoint's whole train state as host arrays."""
-  from transformer.training.checkpoints import CheckpointManager
+  from transformer.train.checkpoints import CheckpointManager
 
   with CheckpointManager(os.path.join(workdir, "checkpoints"), async_save=False) as mngr:
     step = mngr.latest_step()

@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from transformer import analysis, plots, sweep
-from transformer.config import ModelConfig
 from transformer.data.tokenizers import CharTokenizer
-from transformer.models import build_model
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import build_model
+from transformer.research import analysis, plots, sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_lm_config.py")
@@ -182,7 +182,13 @@ def test_sweep_runs_unfinished_points_resumes_and_tabulates(tmp_path, capsys):
     f.write(json.dumps({"step": 3, "split": "eval", "loss": 9.5}) + "\n")
   open(os.path.join(first, sweep.DONE), "w").close()
 
-  cmd = [sys.executable, "-m", "transformer.sweep", f"--config={TINY}", f"--workdir={tmp_path}"]
+  cmd = [
+    sys.executable,
+    "-m",
+    "transformer.research.sweep",
+    f"--config={TINY}",
+    f"--workdir={tmp_path}",
+  ]
   result = subprocess.run(cmd + COMMON, cwd=REPO, capture_output=True, text=True, timeout=240)
   assert result.returncode == 0, result.stdout + result.stderr
   assert "learning_rate=0.001: finished before, skipped" in result.stdout

@@ -11,8 +11,8 @@ import pytest
 import reference_numpy as ref
 import torch
 
-from transformer import attention as attn
-from transformer.attention import MaskInfo, MultiHeadAttention, dot_product_attention
+from transformer.nn import attention as attn
+from transformer.nn.attention import MaskInfo, MultiHeadAttention, dot_product_attention
 
 IMPLS = ("xla", "jax", "chunked")
 TOL = dict(rtol=1e-5, atol=1e-5)

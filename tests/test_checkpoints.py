@@ -17,8 +17,8 @@ import pytest
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
 
-from transformer.config import ModelConfig
-from transformer.training import checkpoints
+from transformer.nn.config import ModelConfig
+from transformer.train import checkpoints
 
 
 def _state(seed=0):

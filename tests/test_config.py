@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from transformer.config import NAMED_SIZES, ModelConfig, flops_per_token, named, param_count
-from transformer.models import build_model
+from transformer.nn.config import NAMED_SIZES, ModelConfig, flops_per_token, named, param_count
+from transformer.nn.models import build_model
 
 VIT = dict(family="vit", num_classes=10, image_size=32, patch_size=8, max_len=17)
 

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from conftest import make_random_params, make_tiny_config
 
-from transformer import decoding
-from transformer.models import DecoderLM, EncoderDecoder
+from transformer import decode
+from transformer.data.tokenizers import PAD_ID
+from transformer.nn.models import DecoderLM, EncoderDecoder
 
 PROMPTS = [[5, 7, 9], [11, 3, 4, 8, 10, 12]]  # two lengths in one batch: P = 6
 NEW = 10  # P + NEW = 16 = max_len of the tiny configs
@@ -109,7 +110,7 @@ def _cut_at(tokens: np.ndarray, eos: int) -> np.ndarray:
   for row in out:
     hits = np.flatnonzero(row == eos)
     if hits.size:
-      row[hits[0] + 1 :] = decoding.PAD_ID
+      row[hits[0] + 1 :] = PAD_ID
   return out
 
 
@@ -120,7 +121,7 @@ def _cut_at(tokens: np.ndarray, eos: int) -> np.ndarray:
 @pytest.mark.parametrize("variant", list(LM_VARIANTS))
 def test_lm_greedy_with_cache_matches_full_forward_at_every_step(variant):
   model, params = _lm(variant)
-  out = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None)
+  out = decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None)
   tokens = np.asarray(out.tokens)
   argmax, logprobs = _lm_reference(model, params, PROMPTS, tokens)
   np.testing.assert_array_equal(tokens, argmax)
@@ -132,11 +133,11 @@ def test_lm_greedy_with_cache_matches_full_forward_at_every_step(variant):
 def test_rows_stop_at_their_own_eos_and_emit_pad():
   model, params = _lm("rope")
   free = np.asarray(
-    decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None).tokens
+    decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None).tokens
   )
   step, eos = _first_new_token(free[0])
   assert step < NEW - 1
-  out = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
+  out = decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
   want = _cut_at(free, eos)
   np.testing.assert_array_equal(out.tokens, want)
   assert out.lengths[0] == step + 1 and out.tokens[0, step] == eos
@@ -149,7 +150,7 @@ def test_rows_stop_at_their_own_eos_and_emit_pad():
 def test_seq2seq_greedy_with_cache_matches_full_forward_at_every_step():
   model, params = _s2s()
   inputs = np.array([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]], np.int32)  # row 1 is padded
-  out = decoding.translate(model, params, inputs, max_len=NEW, eos_id=None)
+  out = decode.translate(model, params, inputs, max_len=NEW, eos_id=None)
   logprobs = np.asarray(_s2s_logprobs(model, params, inputs, out.tokens))  # [B, L, V]
   np.testing.assert_array_equal(out.tokens, logprobs.argmax(-1))
   chosen = np.take_along_axis(logprobs, np.asarray(out.tokens)[..., None], -1)[..., 0]
@@ -159,13 +160,13 @@ def test_seq2seq_greedy_with_cache_matches_full_forward_at_every_step():
 def test_extra_left_padding_and_array_prompts_change_nothing():
   model, params = _lm("rope")
   prompts = [[5, 7, 9], [11, 3, 4, 8, 10]]
-  tight = decoding.generate(model, params, prompts, max_new_tokens=NEW, eos_id=None)
-  padded = decoding.generate(
+  tight = decode.generate(model, params, prompts, max_new_tokens=NEW, eos_id=None)
+  padded = decode.generate(
     model, params, prompts, max_new_tokens=NEW, eos_id=None, prompt_len=6
   )  # the compilation of PROMPTS (P = 6)
   np.testing.assert_array_equal(tight.tokens, padded.tokens)
   np.testing.assert_allclose(tight.scores, padded.scores, rtol=1e-5)
-  same_length = decoding.generate(
+  same_length = decode.generate(
     model, params, np.array([prompts[1]]), max_new_tokens=NEW, eos_id=None
   )
   np.testing.assert_array_equal(same_length.tokens[0], tight.tokens[1])
@@ -173,11 +174,11 @@ def test_extra_left_padding_and_array_prompts_change_nothing():
 
 def test_same_shapes_compile_once():
   model, params = _lm("rope")
-  decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=2)
-  size = decoding.lm_decode._cache_size()
-  decoding.generate(model, params, [[1], [4, 4, 4]], max_new_tokens=NEW, eos_id=5, prompt_len=6)
-  decoding.generate(model, params, [[8, 9], [3]], max_new_tokens=NEW, eos_id=None, prompt_len=6)
-  assert decoding.lm_decode._cache_size() == size
+  decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=2)
+  size = decode.lm_decode._cache_size()
+  decode.generate(model, params, [[1], [4, 4, 4]], max_new_tokens=NEW, eos_id=5, prompt_len=6)
+  decode.generate(model, params, [[8, 9], [3]], max_new_tokens=NEW, eos_id=None, prompt_len=6)
+  assert decode.lm_decode._cache_size() == size
 
 
 # ----------------------------------------------------------------------------------------
@@ -190,8 +191,8 @@ def _penalty(length, alpha):
 
 def test_beam_size_one_equals_greedy():
   model, params = _lm("rope")
-  greedy = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None)
-  beam = decoding.generate(
+  greedy = decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None)
+  beam = decode.generate(
     model, params, PROMPTS, max_new_tokens=NEW, eos_id=None, method="beam", beam_size=1
   )
   np.testing.assert_array_equal(beam.tokens, greedy.tokens)
@@ -201,8 +202,8 @@ def test_beam_size_one_equals_greedy():
   # stops); for another row the finished set may hold an earlier, better EOS hypothesis
   # than the greedy one, so the beam can only score higher.
   _, eos = _first_new_token(np.asarray(greedy.tokens[0]))
-  greedy = decoding.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
-  beam = decoding.generate(
+  greedy = decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
+  beam = decode.generate(
     model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos, method="beam", beam_size=1, alpha=0.0
   )
   assert greedy.lengths[0] < NEW and greedy.lengths[1] == NEW
@@ -212,8 +213,8 @@ def test_beam_size_one_equals_greedy():
 
   s2s, s2s_params = _s2s()
   inputs = np.array([[5, 6, 7, 8, 9], [10, 11, 12, 0, 0]], np.int32)
-  greedy = decoding.translate(s2s, s2s_params, inputs, max_len=NEW, eos_id=None)
-  beam = decoding.translate(
+  greedy = decode.translate(s2s, s2s_params, inputs, max_len=NEW, eos_id=None)
+  beam = decode.translate(
     s2s, s2s_params, inputs, max_len=NEW, eos_id=None, method="beam", beam_size=1
   )
   np.testing.assert_array_equal(beam.tokens, greedy.tokens)
@@ -278,7 +279,7 @@ def test_lm_beam_search_finds_the_exhaustive_optimum(eos_id, alpha):
   model, params = _tiny_vocab_lm()
   v, length, prompts = 6, 4, [[1, 3, 4], [5, 1, 3]]
   beam = v ** (length - 1)  # every prefix stays live, so the search is exhaustive
-  out = decoding.generate(
+  out = decode.generate(
     model,
     params,
     prompts,
@@ -302,7 +303,7 @@ def test_seq2seq_beam_search_finds_the_exhaustive_optimum(eos_id, alpha):
   model, params = _tiny_vocab_s2s()
   v, length = 6, 3
   inputs = np.array([[3, 4, 5, 1], [5, 1, 0, 0]], np.int32)
-  out = decoding.translate(
+  out = decode.translate(
     model,
     params,
     inputs,
@@ -327,11 +328,11 @@ def test_seq2seq_beam_search_finds_the_exhaustive_optimum(eos_id, alpha):
 def test_sampling_top_k_1_and_low_temperature_are_greedy_and_seeds_reproduce():
   model, params = _lm("rope")
   kwargs = dict(max_new_tokens=NEW, eos_id=None)
-  greedy = np.asarray(decoding.generate(model, params, PROMPTS, **kwargs).tokens)
+  greedy = np.asarray(decode.generate(model, params, PROMPTS, **kwargs).tokens)
 
   def sample(seed, **options):
     rng = jax.random.key(seed)
-    out = decoding.generate(model, params, PROMPTS, method="sample", rng=rng, **kwargs, **options)
+    out = decode.generate(model, params, PROMPTS, method="sample", rng=rng, **kwargs, **options)
     return np.asarray(out.tokens)
 
   np.testing.assert_array_equal(sample(0, top_k=1, temperature=2.0), greedy)
@@ -363,7 +364,7 @@ def test_top_p_filter_matches_numpy_reference_including_ties():
   logits = np.concatenate([real, tied]).astype(np.float32)
   p = np.concatenate([rng.uniform(0.01, 1.0, 400)]).astype(np.float32)
   p[:4] = [1.0, 1e-6, 0.5, 0.999]
-  got = np.isfinite(np.asarray(jax.jit(decoding.top_p_filter)(logits, p)))
+  got = np.isfinite(np.asarray(jax.jit(decode.top_p_filter)(logits, p)))
   checked = 0
   for i in range(len(logits)):
     want, margin = _numpy_top_p(logits[i], float(p[i]))
@@ -377,7 +378,7 @@ def test_top_p_filter_matches_numpy_reference_including_ties():
 
 def test_top_k_filter_keeps_the_k_largest_and_ties():
   logits = np.array([[3.0, 1.0, 2.0, 2.0, -1.0], [0.5, 0.4, 0.3, 0.2, 0.1]], np.float32)
-  keep = lambda k: np.isfinite(np.asarray(decoding.top_k_filter(jnp.asarray(logits), k)))
+  keep = lambda k: np.isfinite(np.asarray(decode.top_k_filter(jnp.asarray(logits), k)))
   np.testing.assert_array_equal(keep(1), [[1, 0, 0, 0, 0], [1, 0, 0, 0, 0]])
   np.testing.assert_array_equal(keep(2), [[1, 0, 1, 1, 0], [1, 1, 0, 0, 0]])  # tie kept
   assert keep(0).all() and keep(5).all() and keep(9).all()
@@ -390,7 +391,7 @@ def test_sampler_draws_from_temperature_then_top_k_then_top_p():
   z[np.argsort(-z)[top_k:]] = 0
   nucleus, _ = _numpy_top_p(np.log(np.maximum(z, 1e-30)), top_p)
   want = np.where(nucleus, z, 0) / np.where(nucleus, z, 0).sum()
-  draw = jax.jit(decoding._sample)
+  draw = jax.jit(decode.sample)
   samples = draw(jnp.tile(logits, (n, 1)), jax.random.key(0), temperature, top_k, top_p)
   freq = np.bincount(np.asarray(samples), minlength=len(logits)) / n
   assert (freq[want == 0] == 0).all()
@@ -404,8 +405,8 @@ def test_sampler_draws_from_temperature_then_top_k_then_top_p():
 def _bad_requests():
   lm, lm_params = _lm("rope")
   s2s, s2s_params = _s2s()
-  gen = functools.partial(decoding.generate, lm, lm_params)
-  tr = functools.partial(decoding.translate, s2s, s2s_params)
+  gen = functools.partial(decode.generate, lm, lm_params)
+  tr = functools.partial(decode.translate, s2s, s2s_params)
   return {
     "token id = vocab": (lambda: gen([[5, 40]], max_new_tokens=2), "outside the vocabulary"),
     "negative id": (lambda: gen([[5], [-1, 3]], max_new_tokens=2), "outside the vocabulary"),
@@ -423,7 +424,7 @@ def _bad_requests():
     ),
     "beam_size": (lambda: gen([[1]], max_new_tokens=2, method="beam", beam_size=0), "beam_size"),
     "eos": (lambda: gen([[1]], max_new_tokens=2, eos_id=40), "eos_id=40"),
-    "wrong family": (lambda: decoding.generate(s2s, s2s_params, [[1]], max_new_tokens=2), "Dec"),
+    "wrong family": (lambda: decode.generate(s2s, s2s_params, [[1]], max_new_tokens=2), "Dec"),
     "source id": (lambda: tr(np.array([[3, 99]]), max_len=4), "outside the vocabulary"),
     "padding-only source": (lambda: tr(np.array([[3, 4], [0, 0]]), max_len=4), "empty"),
     "long source": (lambda: tr(np.ones((1, 17), np.int32), max_len=4), "source length 17"),
@@ -434,7 +435,7 @@ def _bad_requests():
 @pytest.mark.parametrize("case", list(_bad_requests()))
 def test_bad_input_raises_before_compiling(case):
   call, message = _bad_requests()[case]
-  jitted = (decoding.lm_decode, decoding.lm_beam_search, decoding.seq2seq_decode)
+  jitted = (decode.lm_decode, decode.lm_beam_search, decode.seq2seq_decode)
   sizes = [f._cache_size() for f in jitted]
   with pytest.raises(ValueError, match=message):
     call()

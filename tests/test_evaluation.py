@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from transformer import decoding, evaluation, train_lib
 from transformer.data.tokenizers import CharTokenizer
+from transformer import decode as decoding
+from transformer.tasks import evals as evaluation
+from transformer.train import loop as train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXTS = [

@@ -10,10 +10,10 @@ import pytest
 import reference_numpy as ref
 from jax import lax
 
-from transformer import layers
-from transformer.attention import MaskInfo
-from transformer.blocks import Block, shift_right
-from transformer.config import gated_hidden_size
+from transformer.nn import layers
+from transformer.nn.attention import MaskInfo
+from transformer.nn.blocks import Block, shift_right
+from transformer.nn.config import gated_hidden_size
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

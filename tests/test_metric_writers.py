@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.training import metric_writers
+from transformer.train import metric_writers
 
 
 class _FakeClock:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import reference_numpy as ref
 
-from transformer.models import (
+from transformer.nn.models import (
   DecoderLM,
   EncoderDecoder,
   MaskedLM,

@@ -10,7 +10,7 @@ import optax
 import pytest
 import torch
 
-from transformer.training import optimizer, schedules
+from transformer.train import optimizer, schedules
 
 
 class _Block(nn.Module):

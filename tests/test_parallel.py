@@ -10,13 +10,13 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from transformer import partitioning
-from transformer.config import ModelConfig
-from transformer.models import build_model
-from transformer.training.checkpoints import CheckpointManager
-from transformer.training.parallel import StepRunner
-from transformer.training.tasks import init_inputs
-from transformer.training.train_step import StepConfig, create_train_state
+from transformer.nn import partitioning
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import build_model
+from transformer.tasks.registry import init_inputs
+from transformer.train.checkpoints import CheckpointManager
+from transformer.train.parallel import StepRunner
+from transformer.train.step import StepConfig, create_train_state
 
 B, T, V = 16, 8, 32
 SINGLE = {"data": 1}

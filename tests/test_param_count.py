@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer import config as config_lib
-from transformer.config import NAMED_SIZES, ModelConfig, named, param_count
-from transformer.models import build_model
+from transformer.nn import config as config_lib
+from transformer.nn.config import NAMED_SIZES, ModelConfig, named, param_count
+from transformer.nn.models import build_model
 
 # Exact counts of our models. Where a source quotes a figure, it is noted.
 PINNED = {

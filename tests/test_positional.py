@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import reference_numpy as ref
 
-from transformer import positional
-from transformer.attention import MaskInfo, MultiHeadAttention
+from transformer.nn import positional
+from transformer.nn.attention import MaskInfo, MultiHeadAttention
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 

@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from transformer import experiment, train_lib
 from transformer.data import sources
+from transformer.train import experiment
+from transformer.train import loop as train_lib
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"

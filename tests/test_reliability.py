@@ -45,10 +45,11 @@ import tiny_lm_config as tiny_lm_config_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from transformer import eval_lib, experiment, train_lib
-from transformer.config import ModelConfig
 from transformer.data.tokenizers import load_tokenizer
-from transformer.training import checkpoints
+from transformer.eval import evaluate as eval_lib
+from transformer.nn.config import ModelConfig
+from transformer.train import checkpoints, experiment
+from transformer.train import loop as train_lib
 
 REPO = fh.REPO
 

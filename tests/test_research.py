@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from transformer.config import ModelConfig
-from transformer.models.decoder import DecoderLM
+from transformer.nn.config import ModelConfig
+from transformer.nn.models.decoder import DecoderLM
 from transformer.research import char_lm, extrapolation, ln_depth, order_task
 
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer.training import schedules
+from transformer.train import schedules
 
 
 def _values(schedule, counts):

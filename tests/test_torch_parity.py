@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.attention import MaskInfo, MultiHeadAttention, dot_product_attention
-from transformer.blocks import Block
+from transformer.nn.attention import MaskInfo, MultiHeadAttention, dot_product_attention
+from transformer.nn.blocks import Block
 
 ATOL = 1e-5
 B, T, S, D = 2, 7, 9, 32

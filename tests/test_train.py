@@ -14,14 +14,16 @@ import numpy as np
 import optax
 import pytest
 
-from transformer import eval_lib, experiment, train_lib
-from transformer.config import ModelConfig
 from transformer.data import masking
 from transformer.data.tokenizers import CLS_ID, NUM_SPECIAL, PAD_ID, SEP_ID
-from transformer.models import build_model
-from transformer.training import train_step as train_step_lib
-from transformer.training.parallel import StepRunner, make_mesh
-from transformer.training.train_step import StepConfig, create_train_state
+from transformer.eval import evaluate as eval_lib
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import build_model
+from transformer.train import experiment
+from transformer.train import loop as train_lib
+from transformer.train import step as train_step_lib
+from transformer.train.parallel import StepRunner, make_mesh
+from transformer.train.step import StepConfig, create_train_state
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -301,7 +303,7 @@ def test_init_from_refuses_a_run_with_another_tokenizer(tmp_path):
 
 
 def test_workdir_lock_refuses_live_owner_and_recovers_stale(tmp_path):
-  from transformer.workdir import LOCK_FILE, WorkdirLock
+  from transformer.train.workdir import LOCK_FILE, WorkdirLock
 
   workdir = str(tmp_path)
   with WorkdirLock(workdir):

@@ -2,7 +2,7 @@
 
 import os
 
-from transformer.experiment import default_config
+from transformer.train.experiment import default_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

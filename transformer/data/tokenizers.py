@@ -23,6 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.data.files import write_atomic
+
 PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID, CLS_ID, SEP_ID = range(7)
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>", "[MASK]", "[CLS]", "[SEP]")
 NUM_SPECIAL = len(SPECIAL_TOKENS)  # ordinary tokens start here
@@ -67,13 +69,6 @@ def _space_word_starts(ids: np.ndarray, is_space: np.ndarray) -> np.ndarray:
   space[ordinary] = is_space[ids[ordinary] - NUM_SPECIAL]
   prev_breaks = np.concatenate([[True], space[:-1] | ~ordinary[:-1]])
   return ordinary & ~space & prev_breaks
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-  tmp.write_bytes(data)
-  os.replace(tmp, path)
 
 
 class CharTokenizer(Tokenizer):
@@ -132,7 +127,7 @@ class CharTokenizer(Tokenizer):
 
   def save(self, path: str | os.PathLike) -> None:
     data = {"kind": self.kind, "specials": SPECIAL_TOKENS, "code_points": self._codes.tolist()}
-    _write_atomic(Path(path), json.dumps(data).encode())
+    write_atomic(path, json.dumps(data).encode())
 
 
 class ByteTokenizer(Tokenizer):
@@ -158,7 +153,7 @@ class ByteTokenizer(Tokenizer):
     return _space_word_starts(ids, self._is_space) & ~continuation
 
   def save(self, path: str | os.PathLike) -> None:
-    _write_atomic(Path(path), json.dumps({"kind": self.kind, "specials": SPECIAL_TOKENS}).encode())
+    write_atomic(path, json.dumps({"kind": self.kind, "specials": SPECIAL_TOKENS}).encode())
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -255,7 +250,7 @@ class SentencePieceTokenizer(Tokenizer):
     return ~breaks & (self._starts[ids] | prev_breaks)
 
   def save(self, path: str | os.PathLike) -> None:
-    _write_atomic(Path(path), self._proto)
+    write_atomic(path, self._proto)
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:

@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.config import ModelConfig
 from transformer.data.tokenizers import CharTokenizer
-from transformer.models.decoder import DecoderLM
-from transformer.training import losses, optimizer, schedules
+from transformer.nn.config import ModelConfig
+from transformer.nn.models.decoder import DecoderLM
+from transformer.train import losses, optimizer, schedules
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "tinyshakespeare.txt.gz"
 

@@ -22,7 +22,7 @@ import argparse
 import dataclasses
 import time
 
-from transformer.config import ModelConfig
+from transformer.nn.config import ModelConfig
 from transformer.research import char_lm
 
 POSITIONS = ("sinusoidal", "learned", "rope", "alibi")

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from transformer.config import ModelConfig
+from transformer.nn.config import ModelConfig
 from transformer.research import char_lm
 
 # name -> (norm_position, warmup_steps or None for the run's --warmup)

@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer.attention import MaskInfo
-from transformer.blocks import Stack
-from transformer.config import ModelConfig
-from transformer.positional import sinusoidal_table
+from transformer.nn.attention import MaskInfo
+from transformer.nn.blocks import Stack
+from transformer.nn.config import ModelConfig
+from transformer.nn.positional import sinusoidal_table
 
 POSITIONS = ("none", "sinusoidal", "rope")  # rope: applied inside attention, for comparison
 

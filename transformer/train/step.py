@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from transformer.training import losses
-from transformer.training.tasks import FORWARD, Batch
+from transformer.tasks.registry import FORWARD, Batch
+from transformer.train import losses
 
 
 @flax.struct.dataclass

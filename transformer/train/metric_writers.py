@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from transformer.data.files import write_atomic
+
 JSONL_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 _SPLIT = re.compile(r"^[A-Za-z0-9_]+$")
@@ -133,10 +135,7 @@ class MetricWriter:
           kept.append(line if line.endswith("\n") else line + "\n")
         else:
           dropped += 1
-    temporary = self.jsonl_path + ".tmp"
-    with open(temporary, "w", encoding="utf-8") as f:
-      f.writelines(kept)
-    os.replace(temporary, self.jsonl_path)
+    write_atomic(self.jsonl_path, "".join(kept))
     if self._jsonl is not None:  # reopen: the old handle points at the replaced file
       self._jsonl.close()
       self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")

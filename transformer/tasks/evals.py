@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import sacrebleu
 
-from transformer import decoding
-from transformer.training.tasks import FORWARD
+from transformer import decode as decoding
+from transformer.tasks.registry import FORWARD
 
 
 def sample_texts(

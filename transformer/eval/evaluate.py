@@ -21,8 +21,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from transformer import evaluation, experiment, train_lib
-from transformer.training import checkpoints
+from transformer.tasks import evals as evaluation
+from transformer.train import checkpoints, experiment
+from transformer.train import loop as train_lib
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from transformer.attention import MultiHeadAttention
+from transformer.nn.attention import MultiHeadAttention
 
 STAT_KEYS = ("entropy", "max_weight", "distance")
 _LAYER = re.compile(r"layer_(\d+)")
@@ -201,7 +201,7 @@ def write_heatmaps(
   """One PNG per attention module: every head of batch row `example`, cut to its valid
   queries and keys (leading `max_len` of each). `labels(name)` -> (query, key) token labels.
   """
-  from transformer import plots
+  from transformer.research import plots
 
   os.makedirs(out_dir, exist_ok=True)
   paths = []
@@ -286,8 +286,8 @@ def analyze(
   and head) and DIR/attention_step_<N>/<module>.png (heatmaps of the first row).
   Returns {'step', 'rows', 'markdown', 'json', 'heatmaps'}.
   """
-  from transformer import eval_lib  # the training stack: only needed here
-  from transformer.training.tasks import FORWARD
+  from transformer.eval import evaluate as eval_lib  # the training stack: only needed here
+  from transformer.tasks.registry import FORWARD
 
   workdir = os.path.abspath(workdir)
   setup, state, step = eval_lib.restore(workdir, step)

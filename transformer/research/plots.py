@@ -8,8 +8,8 @@
 
 Every function writes one PNG and returns its path; sizes are given in pixels.
 
-  python -m transformer.plots curves RUN1 RUN2 --out curves.png
-  python -m transformer.plots posenc --d_model 128 --length 100 --out pe.png
+  python -m transformer.research.plots curves RUN1 RUN2 --out curves.png
+  python -m transformer.research.plots posenc --d_model 128 --length 100 --out pe.png
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from transformer.positional import sinusoidal_table
-from transformer.training.metric_writers import JSONL_NAME, plot_curves
+from transformer.nn.positional import sinusoidal_table
+from transformer.train.metric_writers import JSONL_NAME, plot_curves
 
 
 def _figure(width_px: int, height_px: int, dpi: int = 100):
@@ -135,13 +135,13 @@ def attention_heatmaps(
 
 def confusion(counts: np.ndarray, names: Sequence[str], out_png: str | os.PathLike) -> str:
   """The confusion matrix (true rows, predicted columns) as a PNG; returns its Markdown table."""
-  from transformer.evaluation import write_confusion  # imports the model stack: keep lazy
+  from transformer.tasks.evals import write_confusion  # imports the model stack: keep lazy
 
   return write_confusion(np.asarray(counts), list(names), _check_png(out_png))
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-  parser = argparse.ArgumentParser(prog="python -m transformer.plots", description=__doc__)
+  parser = argparse.ArgumentParser(prog="python -m transformer.research.plots", description=__doc__)
   sub = parser.add_subparsers(dest="command", required=True)
   p = sub.add_parser("curves", help="loss and learning-rate curves of runs, overlaid")
   p.add_argument("runs", nargs="+", help="workdirs (or metrics.jsonl files)")

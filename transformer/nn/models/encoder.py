@@ -9,10 +9,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.attention import MaskInfo
-from transformer.blocks import Stack
-from transformer.config import ModelConfig
-from transformer.layers import (
+from transformer.nn.attention import MaskInfo
+from transformer.nn.blocks import Stack
+from transformer.nn.config import ModelConfig
+from transformer.nn.layers import (
   Dropout,
   Embedder,
   compute_dtype,

@@ -9,11 +9,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.attention import MaskInfo
-from transformer.blocks import Stack
-from transformer.config import ModelConfig
-from transformer.layers import Dropout, compute_dtype
-from transformer.positional import sincos_2d_table
+from transformer.nn.attention import MaskInfo
+from transformer.nn.blocks import Stack
+from transformer.nn.config import ModelConfig
+from transformer.nn.layers import Dropout, compute_dtype
+from transformer.nn.positional import sincos_2d_table
 
 
 class VisionTransformer(nn.Module):

@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from transformer.config import ModelConfig
-from transformer.positional import AbsolutePositionEmbedding
+from transformer.nn.config import ModelConfig
+from transformer.nn.positional import AbsolutePositionEmbedding
 
 DENSE_INIT = nn.initializers.xavier_uniform()
 

@@ -25,11 +25,11 @@ import jax.numpy as jnp
 import ml_collections
 from ml_collections import config_dict
 
-from transformer.config import ModelConfig
 from transformer.data.config import DataConfig
-from transformer.partitioning import MESH_AXES, RULES
-from transformer.training import optimizer as optimizer_lib
-from transformer.training import schedules
+from transformer.nn.config import ModelConfig
+from transformer.nn.partitioning import MESH_AXES, RULES
+from transformer.train import optimizer as optimizer_lib
+from transformer.train import schedules
 
 PARALLELISM = ("jit", "pmap")
 
@@ -107,7 +107,7 @@ def default_config() -> ml_collections.ConfigDict:
       tensor=1,  # tensor-parallel ways (heads, FFN hidden, vocabulary)
     )
   )
-  # Logical axis -> comma-separated mesh axes ('' = replicated); see transformer/partitioning.py.
+  # Logical axis -> comma-separated mesh axes ('' = replicated); see transformer/nn/partitioning.py.
   config.mesh_rules = ml_collections.ConfigDict(
     {k: ",".join((v,) if isinstance(v, str) else (v or ())) for k, v in RULES.items()}
   )

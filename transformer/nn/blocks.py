@@ -13,10 +13,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.attention import MaskInfo, MultiHeadAttention
-from transformer.config import ModelConfig
-from transformer.layers import Dropout, FeedForward, make_norm
-from transformer.partitioning import constrain
+from transformer.nn.attention import MaskInfo, MultiHeadAttention
+from transformer.nn.config import ModelConfig
+from transformer.nn.layers import Dropout, FeedForward, make_norm
+from transformer.nn.partitioning import constrain
 
 REMAT_POLICIES = {
   "full": None,  # save nothing, recompute the whole block

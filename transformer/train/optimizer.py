@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import optax
 from flax.core import meta
 
-from transformer.training import schedules
+from transformer.train import schedules
 
 KINDS = ("adamw", "sgd", "adafactor")
 

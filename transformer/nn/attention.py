@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformer import positional
-from transformer.config import ModelConfig
-from transformer.layers import bernoulli, dense_dot_general
-from transformer.partitioning import constrain
+from transformer.nn import positional
+from transformer.nn.config import ModelConfig
+from transformer.nn.layers import bernoulli, dense_dot_general
+from transformer.nn.partitioning import constrain
 
 # Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)

@@ -2,7 +2,7 @@
 
 `StepRunner` hides the difference from the loop.
 
-'jit': one global program over a ('data', 'fsdp', 'tensor') mesh (`transformer.partitioning`).
+'jit': one global program over a ('data', 'fsdp', 'tensor') mesh (`transformer.nn.partitioning`).
   Parameters and optimizer state are laid out by the logical-axis rules (replicated for
   pure data parallelism, sharded for FSDP and tensor parallelism); every batch is one
   global array split along its first dimension over data x fsdp. XLA inserts the
@@ -22,9 +22,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer import partitioning
-from transformer.training.tasks import check_mlm_batch
-from transformer.training.train_step import StepConfig, TrainState, eval_step, train_step
+from transformer.nn import partitioning
+from transformer.tasks.registry import check_mlm_batch
+from transformer.train.step import StepConfig, TrainState, eval_step, train_step
 
 PMAP_AXIS = "batch"
 

@@ -1,4 +1,4 @@
-"""Model families, one per file, all built from `transformer.blocks`.
+"""Model families, one per file, all built from `transformer.nn.blocks`.
 
 `build_model(config)` picks the class for `config.family`:
   decoder -> DecoderLM; encoder -> MaskedLM (num_classes == 0) or SequenceClassifier;
@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import flax.linen as nn
 
-from transformer.config import ModelConfig
-from transformer.models.decoder import DecoderLM
-from transformer.models.encoder import MaskedLM, SequenceClassifier, TransformerEncoder
-from transformer.models.seq2seq import EncoderDecoder
-from transformer.models.vit import VisionTransformer
+from transformer.nn.config import ModelConfig
+from transformer.nn.models.decoder import DecoderLM
+from transformer.nn.models.encoder import MaskedLM, SequenceClassifier, TransformerEncoder
+from transformer.nn.models.seq2seq import EncoderDecoder
+from transformer.nn.models.vit import VisionTransformer
 
 __all__ = [
   "DecoderLM",

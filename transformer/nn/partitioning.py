@@ -26,6 +26,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from transformer.nn.tree import path_str
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # (pattern on the '/'-joined parameter path, logical axes of the parameter's dimensions).
@@ -65,24 +67,11 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
 }
 
 
-def _path(keypath) -> str:
-  """'a/b/c' for dict keys, attribute names and sequence indices alike."""
-  parts = []
-  for k in keypath:
-    for attr in ("key", "name", "idx"):
-      if hasattr(k, attr):
-        parts.append(str(getattr(k, attr)))
-        break
-    else:
-      parts.append(str(k))
-  return "/".join(parts)
-
-
 def logical_axes(params: Any) -> Any:
   """The tree of logical-axis tuples (one name or None per dimension) of `params`."""
 
   def axes_of(keypath, leaf):
-    path = _path(keypath)
+    path = path_str(keypath)
     for pattern, axes in LOGICAL_AXES:
       if re.search(pattern, path):
         extra = len(leaf.shape) - len(axes)
@@ -158,12 +147,12 @@ def state_shardings(state: Any, params: Any, mesh: Mesh, rules: Mapping | None =
   for keypath, sharding in jax.tree_util.tree_leaves_with_path(
     param_shardings(params, mesh, rules)
   ):
-    by_path[_path(keypath)] = sharding
-  shapes = {_path(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(params)}
+    by_path[path_str(keypath)] = sharding
+  shapes = {path_str(k): tuple(v.shape) for k, v in jax.tree_util.tree_leaves_with_path(params)}
   replicated = NamedSharding(mesh, PartitionSpec())
 
   def pick(keypath, leaf):
-    path = _path(keypath)
+    path = path_str(keypath)
     for suffix, sharding in by_path.items():
       matches = path == suffix or path.endswith("/" + suffix)
       if matches and tuple(leaf.shape) == shapes[suffix]:

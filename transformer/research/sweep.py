@@ -8,7 +8,7 @@ A config file may define, beside `get_config(arg=None)`,
 a list of override dicts (a grid, or a seeded random set: the list must be the same on
 every call for resuming to work). Then
 
-  python -m transformer.sweep --config configs/X.py[:arg] --workdir DIR \
+  python -m transformer.research.sweep --config configs/X.py[:arg] --workdir DIR \
       [--parallel N] [--dry_run] [--override a.b=value ...] [--metric loss]
 
 runs `train.py --config configs/X.py --workdir DIR/<point> --config.a.b=value ...` for each
@@ -35,9 +35,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from transformer.training.metric_writers import JSONL_NAME, read_jsonl
+from transformer.train.metric_writers import JSONL_NAME, read_jsonl
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_PY = os.path.join(REPO, "train.py")
 DONE = "done"
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.,=+-]")
@@ -236,7 +236,7 @@ def write_results(
   metric: str = "loss",
 ) -> dict[str, Any]:
   """results.csv, results.md, sweep.png and curves.png in `workdir`; returns the paths."""
-  from transformer.training.metric_writers import plot_curves
+  from transformer.train.metric_writers import plot_curves
 
   rows = results_table(workdir, points, status)
   swept = [k for k in dict.fromkeys(k for p in points for k in p)]
@@ -269,7 +269,7 @@ def _parse_override(text: str) -> tuple[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
-    prog="python -m transformer.sweep",
+    prog="python -m transformer.research.sweep",
     description=__doc__,
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )

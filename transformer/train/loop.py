@@ -27,24 +27,25 @@ import jax
 import ml_collections
 import numpy as np
 
-from transformer import evaluation, experiment, finetune, partitioning
-from transformer.config import ModelConfig
 from transformer.data import masking
 from transformer.data.datasets import DataInfo, make_datasets
-from transformer.models import build_model
-from transformer.training import checkpoints, schedules
-from transformer.training.metric_writers import MetricWriter, plot_curves
-from transformer.training.optimizer import create_optimizer
-from transformer.training.parallel import StepRunner
-from transformer.training.preemption import Preemption, run_within
-from transformer.training.tasks import TOKEN_KEY, init_inputs
-from transformer.training.train_step import (
+from transformer.nn import partitioning
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import build_model
+from transformer.tasks import evals as evaluation
+from transformer.tasks.registry import TOKEN_KEY, init_inputs
+from transformer.train import checkpoints, experiment, finetune, schedules
+from transformer.train.metric_writers import MetricWriter, plot_curves
+from transformer.train.optimizer import create_optimizer
+from transformer.train.parallel import StepRunner
+from transformer.train.preemption import Preemption, run_within
+from transformer.train.step import (
   StepConfig,
   TrainState,
   create_train_state,
   summarize_eval,
 )
-from transformer.workdir import WorkdirLock, prepare_workdir
+from transformer.train.workdir import WorkdirLock, prepare_workdir
 
 MODEL_CONFIG_FILE = "model_config.json"
 

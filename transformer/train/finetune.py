@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from transformer.data.datasets import DataInfo
 from transformer.data.tokenizers import tokenizer_filename
-from transformer.training import checkpoints
+from transformer.train import checkpoints
 
 
 def load_init_from(path: str, params: Any) -> Any:

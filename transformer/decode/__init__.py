@@ -1,0 +1,43 @@
+"""Autoregressive decoding on the KV cache: greedy, sampling (temperature, top-k, top-p), beam.
+
+Letters: B batch, P prompt length, L generated length, S source length, V vocabulary,
+k beam size.
+
+Checked API (validates its input, raises ValueError before compiling):
+  generate(model, params, prompts, ...)   DecoderLM: continue prompts of any lengths.
+  translate(model, params, inputs, ...)   EncoderDecoder: decode targets for sources.
+  DecodeResult: tokens [B, L], scores [B], lengths [B] (+ beams [B, k, L] for beam).
+
+Jitted loops, unchecked (static: the model, L, k; every other option is traced, so
+changing it does not recompile):
+  lm_decode / seq2seq_decode (greedy, or sampled given a `Sampling`),
+  lm_beam_search / seq2seq_beam_search; `left_pad` prepares prompts for the lm_ loops,
+  `init_cache` builds the zeroed cache of a model for B rows.
+
+Token selection, usable alone on logits [..., V]: top_k_filter, top_p_filter, sample.
+
+Files: sampling (filters, draws), cache (the cache and each family's cached step),
+loops (greedy / sampled while loop), beam (beam search), api (checks, padding).
+"""
+
+from transformer.decode.api import generate, left_pad, translate
+from transformer.decode.beam import lm_beam_search, seq2seq_beam_search
+from transformer.decode.cache import init_cache
+from transformer.decode.loops import DecodeResult, lm_decode, seq2seq_decode
+from transformer.decode.sampling import Sampling, sample, top_k_filter, top_p_filter
+
+__all__ = [
+  "DecodeResult",
+  "Sampling",
+  "generate",
+  "init_cache",
+  "left_pad",
+  "lm_beam_search",
+  "lm_decode",
+  "sample",
+  "seq2seq_beam_search",
+  "seq2seq_decode",
+  "top_k_filter",
+  "top_p_filter",
+  "translate",
+]

@@ -1,0 +1,192 @@
+"""The checked decoding API: `generate` (DecoderLM) and `translate` (EncoderDecoder).
+
+Letters: B batch, P prompt length, S source length.
+
+Both validate everything (token ids, lengths against config.max_len, options) and raise
+ValueError before anything is compiled, then call one jitted loop of `loops` or `beam`.
+`left_pad` prepares ragged prompts for the unchecked `lm_decode` / `lm_beam_search`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from transformer.data.tokenizers import EOS_ID, PAD_ID
+from transformer.decode.beam import lm_beam_search, seq2seq_beam_search
+from transformer.decode.loops import DecodeResult, lm_decode, seq2seq_decode
+from transformer.decode.sampling import Sampling
+from transformer.nn.models import DecoderLM, EncoderDecoder
+
+__all__ = ["generate", "left_pad", "translate"]
+
+METHODS = ("greedy", "sample", "beam")
+
+
+def _pad(rows: Sequence[Sequence[int]] | np.ndarray, length: int | None, left: bool, what: str):
+  """(int32 [B, P] rows padded with PAD on the left or right, int32 [B] real lengths)."""
+  rows = [np.asarray(row) for row in rows]
+  if not rows:
+    raise ValueError(f"no {what}s given")
+  for i, row in enumerate(rows):
+    if row.ndim != 1 or row.size == 0:
+      raise ValueError(f"{what} {i} must be a non-empty 1-D sequence of token ids")
+    if row.dtype.kind not in "iu":
+      raise ValueError(f"{what} {i} must hold integer token ids, got dtype {row.dtype}")
+  lengths = np.array([row.size for row in rows], np.int32)  # [B]
+  p = int(lengths.max()) if length is None else length
+  if p < lengths.max():
+    raise ValueError(f"length={p} is shorter than the longest {what} ({lengths.max()})")
+  out = np.full((len(rows), p), PAD_ID, np.int32)  # [B, P]
+  for i, row in enumerate(rows):
+    if left:
+      out[i, p - row.size :] = row
+    else:
+      out[i, : row.size] = row
+  return out, lengths
+
+
+def left_pad(
+  prompts: Sequence[Sequence[int]] | np.ndarray, length: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+  """Ragged prompts -> (int32 [B, P] left-padded with PAD, int32 [B] real lengths).
+
+  The two arrays are the `prompts, lengths` arguments of `lm_decode` / `lm_beam_search`.
+  An array [B, P] is B prompts of P tokens each (nothing in it is taken as padding).
+  P is the longest prompt, or `length` if given (to reuse one compilation).
+  Raises ValueError for no prompts, an empty or non-integer prompt, or a short `length`.
+  """
+  return _pad(prompts, length, left=True, what="prompt")
+
+
+def _unwrap(params: Any) -> Any:
+  return params["params"] if isinstance(params, dict) and set(params) == {"params"} else params
+
+
+def _check_tokens(tokens: np.ndarray, vocab: int, what: str) -> None:
+  bad = (tokens < 0) | (tokens >= vocab)
+  if bad.any():
+    row, col = np.argwhere(bad)[0]
+    raise ValueError(
+      f"{what} row {row} holds token id {tokens[row, col]} outside the vocabulary [0, {vocab})"
+    )
+
+
+def _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, eos_id, rng):
+  if method not in METHODS:
+    raise ValueError(f"method={method!r}: expected one of {', '.join(METHODS)}")
+  if method == "sample":
+    if temperature < 0:
+      raise ValueError(f"temperature={temperature} must be >= 0")
+    if top_k < 0 or not 0.0 < top_p <= 1.0:
+      raise ValueError(f"top_k={top_k} must be >= 0 and top_p={top_p} in (0, 1]")
+    if rng is None and temperature > 0:
+      raise ValueError("method='sample' needs an rng (a jax PRNG key)")
+  if method == "beam" and (beam_size < 1 or alpha < 0):
+    raise ValueError(f"beam_size={beam_size} must be >= 1 and alpha={alpha} >= 0")
+  if eos_id is not None and not 0 <= eos_id < config.vocab_size:
+    raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {config.vocab_size})")
+
+
+def _run(decode, beam_search, args, length, method, sampling, beam_size, alpha, eos_id):
+  eos = -1 if eos_id is None else eos_id
+  if method == "beam":
+    return beam_search(*args, length=length, beam_size=beam_size, alpha=alpha, eos_id=eos)
+  greedy = method == "greedy" or sampling.temperature == 0
+  return decode(*args, length=length, sampling=None if greedy else sampling, eos_id=eos)
+
+
+def generate(
+  model: DecoderLM,
+  params: Any,
+  prompts: Sequence[Sequence[int]] | np.ndarray,
+  *,
+  max_new_tokens: int,
+  method: str = "greedy",
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  beam_size: int = 4,
+  alpha: float = 0.6,
+  eos_id: int | None = EOS_ID,
+  rng: jax.Array | None = None,
+  prompt_len: int | None = None,
+) -> DecodeResult:
+  """Continues each prompt of a DecoderLM by up to `max_new_tokens` tokens.
+
+  prompts: B non-empty lists of token ids (any lengths), or an int array [B, P].
+  method: 'greedy'; 'sample' (temperature, then top_k (0 = off), then top_p (1 = off);
+    temperature 0 is greedy; seeded by the PRNG key `rng`); 'beam' (beam_size, GNMT
+    length penalty exponent alpha >= 0). eos_id: None to always run max_new_tokens.
+  prompt_len: left-pad to this length instead of the longest prompt, so batches of
+    different prompt lengths share one compilation.
+  Raises ValueError, before anything is compiled, for an empty or out-of-vocabulary
+  prompt, longest prompt + max_new_tokens > config.max_len, or a bad option.
+  Returns a DecodeResult with tokens [B, max_new_tokens] (new tokens only).
+  """
+  if not isinstance(model, DecoderLM):
+    raise ValueError(f"generate needs a DecoderLM, got {type(model).__name__}")
+  config = model.config
+  _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, eos_id, rng)
+  tokens, lengths = left_pad(prompts, prompt_len)  # [B, P], [B]
+  _check_tokens(tokens, config.vocab_size, "prompt")
+  if max_new_tokens < 1 or tokens.shape[1] + max_new_tokens > config.max_len:
+    raise ValueError(
+      f"prompt length {tokens.shape[1]} + max_new_tokens={max_new_tokens} must be in "
+      f"[{tokens.shape[1] + 1}, config.max_len={config.max_len}]"
+    )
+  sampling = Sampling(rng, temperature, top_k, top_p)
+  args = (model, _unwrap(params), tokens, lengths)
+  fns = (lm_decode, lm_beam_search)
+  return _run(*fns, args, max_new_tokens, method, sampling, beam_size, alpha, eos_id)
+
+
+def translate(
+  model: EncoderDecoder,
+  params: Any,
+  inputs: Sequence[Sequence[int]] | np.ndarray,
+  *,
+  max_len: int | None = None,
+  method: str = "greedy",
+  beam_size: int = 4,
+  alpha: float = 0.6,
+  eos_id: int | None = EOS_ID,
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  rng: jax.Array | None = None,
+) -> DecodeResult:
+  """Decodes targets of up to `max_len` tokens (default config.max_len) for each source.
+
+  inputs: int array [B, S] with PAD as padding, or B lists (right-padded here).
+  Options as in `generate`. Raises ValueError, before compiling, for an empty or
+  out-of-vocabulary source, S or max_len beyond config.max_len, or a bad option.
+  Returns a DecodeResult with tokens [B, max_len].
+  """
+  if not isinstance(model, EncoderDecoder):
+    raise ValueError(f"translate needs an EncoderDecoder, got {type(model).__name__}")
+  config = model.config
+  _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, eos_id, rng)
+  if isinstance(inputs, np.ndarray | jax.Array) and np.ndim(inputs) == 2:
+    tokens = np.asarray(inputs)  # [B, S]
+    if tokens.dtype.kind not in "iu":
+      raise ValueError(f"inputs must hold integer token ids, got dtype {tokens.dtype}")
+  else:
+    tokens, _ = _pad(inputs, None, left=False, what="source")  # [B, S]
+  _check_tokens(tokens, config.vocab_size, "source")
+  empty = np.flatnonzero((tokens != PAD_ID).sum(-1) == 0)
+  if tokens.size == 0 or empty.size:
+    raise ValueError(f"no sources, or source rows {empty.tolist()} empty (only PAD)")
+  max_len = config.max_len if max_len is None else max_len
+  if not 1 <= max_len <= config.max_len or tokens.shape[1] > config.max_len:
+    raise ValueError(
+      f"max_len={max_len} and source length {tokens.shape[1]} must be in "
+      f"[1, config.max_len={config.max_len}]"
+    )
+  sampling = Sampling(rng, temperature, top_k, top_p)
+  args = (model, _unwrap(params), tokens.astype(np.int32))
+  fns = (seq2seq_decode, seq2seq_beam_search)
+  return _run(*fns, args, max_len, method, sampling, beam_size, alpha, eos_id)

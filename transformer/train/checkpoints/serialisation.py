@@ -1,0 +1,133 @@
+"""What a checkpoint holds, as names and JSON: tree paths, the target check, the config.
+
+  key_tuple / path_str  a pytree key path as orbax names it in its metadata ('a/b/c')
+  compare               the checkpoint's tree against a restore target: one `ValueError`
+                        listing every missing, unexpected, reshaped, retyped or
+                        unshardable path
+  config_to_json        a ConfigDict / dataclass / mapping as a JSON-ready dict
+  write_config          that dict as `workdir/config.json`, atomically
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from etils import epath
+
+from transformer.data.files import write_atomic
+
+MAX_LISTED = 20  # paths named per category in an error message
+
+
+def key_tuple(keypath: tuple[Any, ...]) -> tuple[str, ...]:
+  """A jax key path as orbax names it in metadata: dict keys, attribute names, indices."""
+  names = []
+  for key in keypath:
+    for attr in ("key", "name", "idx"):
+      if hasattr(key, attr):
+        names.append(str(getattr(key, attr)))
+        break
+    else:
+      raise ValueError(f"unsupported pytree key {key!r}")
+  return tuple(names)
+
+
+def path_str(path: tuple[Any, ...]) -> str:
+  """'a/b/c' for a `key_tuple` ('<root>' for the empty path)."""
+  return "/".join(path) if path else "<root>"
+
+
+def json_roundtrip(name: str, value: Any) -> Any:
+  """`value` through JSON and back; a ValueError naming `name` if JSON cannot hold it."""
+  try:
+    return json.loads(json.dumps(value))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{name} must be JSON-serialisable: {e}") from e
+
+
+def compare(metadata_tree: Any, target: Any, check_dtypes: bool) -> None:
+  """Raises ValueError listing every difference between checkpoint and target trees."""
+  saved = ocp.tree.to_flat_dict(metadata_tree)
+  wanted = {key_tuple(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(target)}
+  problems = {
+    "missing from the checkpoint": [path_str(p) for p in wanted if p not in saved],
+    "in the checkpoint but not in the target": [path_str(p) for p in saved if p not in wanted],
+    "shape differs": [],
+    "dtype differs": [],
+    "sharding cannot hold the shape": [],
+  }
+  for path in sorted(set(saved) & set(wanted)):
+    meta, leaf = saved[path], wanted[path]
+    if isinstance(leaf, (int, float)):
+      continue
+    stored = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):  # stored as its key data
+      stored = jax.eval_shape(jax.random.key_data, stored)
+    shape, dtype = tuple(stored.shape), np.dtype(stored.dtype)
+    saved_shape = tuple(getattr(meta, "shape", ()) or ())
+    if saved_shape != shape:
+      problems["shape differs"].append(f"{path_str(path)}: saved {saved_shape}, target {shape}")
+    saved_dtype = getattr(meta, "dtype", None)
+    if check_dtypes and saved_dtype is not None and np.dtype(saved_dtype) != dtype:
+      problems["dtype differs"].append(
+        f"{path_str(path)}: saved {np.dtype(saved_dtype)}, target {dtype}"
+      )
+    sharding = getattr(leaf, "sharding", None)
+    if sharding is not None and saved_shape == shape:
+      try:
+        sharding.shard_shape(tuple(leaf.shape))
+      except Exception as e:
+        problems["sharding cannot hold the shape"].append(f"{path_str(path)}: {e}")
+  lines = []
+  for category, paths in problems.items():
+    if paths:
+      shown = "\n    ".join(paths[:MAX_LISTED])
+      more = f"\n    ... and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
+      lines.append(f"  {category} ({len(paths)}):\n    {shown}{more}")
+  if lines:
+    raise ValueError("checkpoint does not match the restore target:\n" + "\n".join(lines))
+
+
+def config_to_json(config: Any) -> dict[str, Any]:
+  """A config (ConfigDict, dataclass, mapping) as a JSON-ready dict.
+
+  Raises ValueError naming the key path of a value JSON cannot hold.
+  """
+
+  def convert(value: Any, path: str) -> Any:
+    if hasattr(value, "to_dict") and callable(value.to_dict):
+      value = value.to_dict()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+      value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+      return {str(k): convert(v, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+      return [convert(v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if isinstance(value, np.generic):
+      value = value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+      return value
+    raise ValueError(f"config value at {path or '<root>'} is not JSON-serialisable: {value!r}")
+
+  result = convert(config, "")
+  if not isinstance(result, dict):
+    raise ValueError(f"config must be a mapping, ConfigDict or dataclass; got {type(config)}")
+  return result
+
+
+def write_config(
+  config: Any, workdir: str | epath.PathLike, filename: str = "config.json"
+) -> epath.Path:
+  """Writes `config_to_json(config)` to `workdir/filename` (process 0 only, atomically);
+  returns the path."""
+  path = epath.Path(workdir) / filename
+  text = json.dumps(config_to_json(config), indent=2, sort_keys=True)
+  if jax.process_index() == 0:
+    write_atomic(path, text + "\n")
+  return path
