@@ -16,7 +16,7 @@ import pytest
 from conftest import make_random_params, make_tiny_config
 
 from transformer import decode
-from transformer.data.tokenizers import PAD_ID
+from transformer.data.tokenizers import EOS_ID, PAD_ID
 from transformer.nn.models import DecoderLM, EncoderDecoder
 
 PROMPTS = [[5, 7, 9], [11, 3, 4, 8, 10, 12]]  # two lengths in one batch: P = 6
@@ -132,9 +132,7 @@ def test_lm_greedy_with_cache_matches_full_forward_at_every_step(variant):
 
 def test_rows_stop_at_their_own_eos_and_emit_pad():
   model, params = _lm("rope")
-  free = np.asarray(
-    decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None).tokens
-  )
+  free = np.asarray(decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=None).tokens)
   step, eos = _first_new_token(free[0])
   assert step < NEW - 1
   out = decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=eos)
@@ -174,7 +172,7 @@ def test_extra_left_padding_and_array_prompts_change_nothing():
 
 def test_same_shapes_compile_once():
   model, params = _lm("rope")
-  decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=2)
+  decode.generate(model, params, PROMPTS, max_new_tokens=NEW, eos_id=EOS_ID)
   size = decode.lm_decode._cache_size()
   decode.generate(model, params, [[1], [4, 4, 4]], max_new_tokens=NEW, eos_id=5, prompt_len=6)
   decode.generate(model, params, [[8, 9], [3]], max_new_tokens=NEW, eos_id=None, prompt_len=6)

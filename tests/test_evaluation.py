@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import sacrebleu
 
-from transformer.data.tokenizers import CharTokenizer
 from transformer import decode as decoding
+from transformer.data.tokenizers import CharTokenizer
 from transformer.tasks import evals as evaluation
 from transformer.train import loop as train_lib
 

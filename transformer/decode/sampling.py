@@ -1,0 +1,83 @@
+"""Token selection: logit filters (top-k, top-p), temperature sampling, greedy argmax.
+
+Letters: B batch, V vocabulary. Every option may be traced (a jitted caller does not
+recompile when it changes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["Sampling", "Select", "sample", "selector", "top_k_filter", "top_p_filter"]
+
+Select = Callable[[jax.Array, jax.Array], jax.Array]  # (logits [B, V], step i) -> [B]
+
+
+class Sampling(NamedTuple):
+  """Sampling options of the jitted loops; all traced, so new values do not recompile.
+
+  Step i draws with `fold_in(rng, i)`: temperature > 0, then top_k (0 = off), then
+  top_p (1 = off). A loop given `sampling=None` is greedy.
+  """
+
+  rng: jax.Array
+  temperature: float | jax.Array = 1.0
+  top_k: int | jax.Array = 0
+  top_p: float | jax.Array = 1.0
+
+
+def top_k_filter(logits: jax.Array, k: int | jax.Array) -> jax.Array:
+  """Keeps the k largest logits of each row [..., V]; the rest become -inf.
+
+  k: a scalar or one per row [...]; k <= 0 or k >= V keeps everything. Ties: every logit
+  equal to the k-th largest is kept, so more than k may survive. k may be traced.
+  """
+  v = logits.shape[-1]
+  k = jnp.asarray(k, jnp.int32)
+  k = jnp.where((k <= 0) | (k > v), v, k)
+  ordered = -jnp.sort(-logits, axis=-1)  # [..., V] descending
+  kth = jnp.take_along_axis(ordered, jnp.broadcast_to(k - 1, logits.shape[:-1])[..., None], -1)
+  return jnp.where(logits >= kth, logits, -jnp.inf)
+
+
+def top_p_filter(logits: jax.Array, p: float | jax.Array) -> jax.Array:
+  """Nucleus filter: keeps the smallest set of most probable tokens whose mass reaches p.
+
+  logits: [..., V]; the rest become -inf. p: a scalar or one per row [...]. The most
+  probable token is always kept; p >= 1 keeps everything. Ties: every token whose logit
+  equals the smallest kept logit is kept, so the result does not depend on the order of
+  tied tokens. p may be traced.
+  """
+  v = logits.shape[-1]
+  ordered = -jnp.sort(-logits, axis=-1)  # [..., V] descending
+  probs = jax.nn.softmax(ordered, axis=-1)  # [..., V]
+  mass_before = jnp.cumsum(probs, axis=-1) - probs  # [..., V] mass of the better tokens
+  p = jnp.asarray(p)[..., None]  # [..., 1]
+  count = jnp.sum(mass_before < p, axis=-1)  # [...] tokens needed to reach p (>= 1)
+  count = jnp.where(p[..., 0] >= 1.0, v, jnp.maximum(count, 1))
+  threshold = jnp.take_along_axis(ordered, (count - 1)[..., None], -1)  # [..., 1]
+  return jnp.where(logits >= threshold, logits, -jnp.inf)
+
+
+def sample(
+  logits: jax.Array,
+  rng: jax.Array,
+  temperature: float | jax.Array,
+  top_k: int | jax.Array,
+  top_p: float | jax.Array,
+) -> jax.Array:
+  """One token id per row, logits [B, V] -> [B]: temperature (> 0), then top-k, then top-p."""
+  logits = top_p_filter(top_k_filter(logits / temperature, top_k), top_p)
+  return jax.random.categorical(rng, logits, axis=-1)
+
+
+def selector(sampling: Sampling | None) -> Select:
+  """`select(logits [B, V], i) -> [B]`: argmax if `sampling` is None, else step i's draw."""
+  if sampling is None:
+    return lambda logits, i: jnp.argmax(logits, axis=-1)
+  rng, temperature, top_k, top_p = sampling
+  return lambda logits, i: sample(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)
