@@ -13,7 +13,8 @@ sacrebleu (beam search by default); classifiers and ViT: accuracy and a confusio
 from absl import app, flags, logging
 
 from transformer.cli import apply_process_settings, parse_flags, run_reporting_errors
-from transformer.eval import evaluate as eval_lib
+from transformer.eval.evaluate import evaluate
+from transformer.tasks import EvalOptions
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory")
 _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "step to evaluate (default: latest)")
@@ -37,12 +38,12 @@ def _run():
     text = _PROMPT.value[0] if _PROMPT.value else None
     print(analysis.analyze(_WORKDIR.value, _CHECKPOINT.value, text=text)["markdown"])
     return
-  result = eval_lib.evaluate(
-    _WORKDIR.value, _CHECKPOINT.value, _EVAL_BATCHES.value, prompts=tuple(_PROMPT.value),
-    num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,
+  options = EvalOptions(
+    prompts=tuple(_PROMPT.value), num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,
     temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
     bleu_method=_BLEU_METHOD.value, beam_size=_BEAM_SIZE.value,
   )  # fmt: skip
+  result = evaluate(_WORKDIR.value, _CHECKPOINT.value, _EVAL_BATCHES.value, options)
   scalars = {
     k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "confusion_table"
   }

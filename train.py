@@ -7,14 +7,16 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer.cli import apply_process_settings, parse_flags, run_reporting_errors
-from transformer.train import loop as train_lib
 from transformer.train.distributed import maybe_initialize
+from transformer.train.loop import Hooks, train_and_evaluate
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "experiment config file", lock_config=True
 )
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics)")
 flags.mark_flags_as_required(["config", "workdir"])
+
+HOOKS = Hooks()  # the loop's hooks: none (the fault-injection tests run train.py with theirs)
 
 
 def main(argv):
@@ -24,7 +26,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
   apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
   maybe_initialize()
-  run_reporting_errors(train_lib.train_and_evaluate, _CONFIG.value, _WORKDIR.value)
+  run_reporting_errors(train_and_evaluate, _CONFIG.value, _WORKDIR.value, HOOKS)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ import time
 import jax
 import jax.numpy as jnp
 
-from transformer.nn.attention import MaskInfo, dot_product_attention
+from transformer.nn.kernels import dot_product_attention
+from transformer.nn.masks import MaskInfo
 
 GiB = 1024**3
 MiB = 1024**2

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 from torch_reference import TorchStep  # noqa: E402  (benchmarks/ is on sys.path)
 from train_step import OursStep, Workload  # noqa: E402
 
-from transformer.nn.config import named  # noqa: E402
+from transformer.nn.sizes import named  # noqa: E402
 
 
 def workload(args) -> Workload:

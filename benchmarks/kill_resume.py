@@ -13,7 +13,7 @@ update and its compilation included; odd trials: uniform over the time after the
 update, from its progress line; seeded RNG), then the same command again to the end; the
 final train state (params, optimizer state, step, rng, NaN
 counters) must equal the reference's byte for byte. What the run was doing at the kill
-comes from its `phase` trace (TRANSFORMER_TRACE_PHASES=1): `train` (updates), `eval`,
+comes from its `phase` trace (tests/traced_train.py): `train` (updates), `eval`,
 `save` (starting a checkpoint, which first waits for the previous write), `finish` (final
 wait, curves), with `+write` when an asynchronous checkpoint write was in flight (an orbax
 temporary directory existed), or `exited` if the run had already ended. Prints a

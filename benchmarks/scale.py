@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from transformer import tasks
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.train.parallel import StepRunner, make_mesh
@@ -29,7 +30,7 @@ def _compiled(cfg: ModelConfig, batch: int, seq: int):
   model = build_model(cfg)
   tx = optax.adamw(1e-3)
   runner = StepRunner(
-    StepConfig(model=model, tx=tx, kind="lm"), "jit", make_mesh(jax.devices()[:1])
+    StepConfig(model=model, tx=tx, task=tasks.get("lm")()), "jit", make_mesh(jax.devices()[:1])
   )
   init = lambda r: model.init(r, jnp.ones((1, seq), jnp.int32))["params"]
   params = jax.eval_shape(init, jax.random.PRNGKey(0))

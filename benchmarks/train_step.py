@@ -38,11 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from transformer import process_settings
+from transformer import process_settings, tasks
 from transformer.data import masking
-from transformer.nn.config import ModelConfig, flops_per_token
+from transformer.data.config import DataConfig
+from transformer.nn.config import ModelConfig
+from transformer.nn.counts import flops_per_token
 from transformer.nn.models import build_model
-from transformer.tasks.registry import init_inputs
 from transformer.train.parallel import StepRunner, make_mesh
 from transformer.train.step import StepConfig, create_train_state
 
@@ -69,7 +70,7 @@ class Workload:
 
   name: str
   model: ModelConfig
-  kind: str  # lm | mlm | seq2seq | image (transformer.tasks.registry)
+  kind: str  # lm | mlm | seq2seq | image (the task, transformer/tasks)
   batch: int
   seq: int
 
@@ -78,8 +79,13 @@ class Workload:
     return self.batch * self.seq
 
   @property
+  def task(self) -> tasks.Task:
+    """The workload's task, with the MLM head at the masked positions as in training."""
+    return tasks.get(self.kind).create(DataConfig(kind=self.kind, mask_rate=MASK_RATE), self.seq)
+
+  @property
   def mlm_predictions(self) -> int | None:
-    """Positions per row the MLM head runs on (`StepConfig.mlm_max_predictions`)."""
+    """Positions per row the MLM head runs on (the MLM task's `max_predictions`)."""
     return masking.max_selected(MASK_RATE, self.seq) if self.kind == "mlm" else None
 
   @property
@@ -201,15 +207,14 @@ class OursStep:
     step_cfg = StepConfig(
       model=model,
       tx=tx,
-      kind=w.kind,
+      task=w.task,
       label_smoothing=LABEL_SMOOTHING,
-      mlm_max_predictions=w.mlm_predictions,
     )
     self.runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
     rng = np.random.default_rng(seed)
     self.batches = [make_batch(w, rng) for _ in range(num_batches)]
     init_batch = {k: v[:1] for k, v in self.batches[0].items()}
-    args, kwargs = init_inputs(w.kind, init_batch)
+    args, kwargs = w.task.init_args(init_batch)
     params = jax.jit(lambda r: model.init(r, *args, **kwargs))(jax.random.PRNGKey(0))["params"]
     self.state = self.runner.place_state(create_train_state(params, tx, jax.random.PRNGKey(1)))
     self.placed = [self.runner.place_batch(b) for b in self.batches]

@@ -9,7 +9,7 @@ in the paper: Adam betas (0.9, 0.999), eps 1e-6, peak lr 1e-4, 10,000 warmup ste
 decay approximated by cosine, weight decay 0.01. No reference result on this machine.
 """
 
-from transformer.nn.config import NAMED_SIZES
+from transformer.nn.sizes import NAMED_SIZES
 from transformer.train.experiment import default_config
 
 SIZES = ("base", "large")

@@ -9,7 +9,7 @@ Hyperparameters follow the nanoGPT / GPT-3 small recipe (AdamW betas (0.9, 0.95)
 No reference result on this machine: a full run needs accelerators.
 """
 
-from transformer.nn.config import NAMED_SIZES
+from transformer.nn.sizes import NAMED_SIZES
 from transformer.train.experiment import default_config
 
 SIZES = ("small", "medium", "large")

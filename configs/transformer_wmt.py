@@ -11,7 +11,7 @@ eps 1e-9, the Noam schedule with 4,000 warmup steps, label smoothing 0.1, dropou
 this machine: the paper's base model trains 100k steps on 8 GPUs.
 """
 
-from transformer.nn.config import NAMED_SIZES
+from transformer.nn.sizes import NAMED_SIZES
 from transformer.train.experiment import default_config
 
 SIZES = ("base", "big")

@@ -8,7 +8,7 @@ AdamW lr 1e-3 (batch 1024), weight decay 0.05, 5 warmup epochs, cosine decay, la
 smoothing 0.1, random crops and flips. No reference result on this machine.
 """
 
-from transformer.nn.config import NAMED_SIZES
+from transformer.nn.sizes import NAMED_SIZES
 from transformer.train.experiment import default_config
 
 SIZES = ("Ti/16", "S/16", "B/16")

@@ -27,6 +27,7 @@ import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+from fault_runs import trained  # noqa: E402, F401
 
 from transformer.nn.config import ModelConfig  # noqa: E402
 

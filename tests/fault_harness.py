@@ -1,8 +1,9 @@
 """Fault-injection harness: train.py subprocesses killed at chosen moments.
 
-Shared by tests/test_reliability.py (a few trials) and benchmarks/kill_resume.py (the
-20-trial sweep). A `Run` is `python train.py --config tests/tiny_lm_config.py ...` with
-`TRANSFORMER_TRACE_PHASES=1`, so its stderr carries `phase NAME STEP` lines (build,
+Shared by tests/test_faults_kill_resume.py (a few trials) and benchmarks/kill_resume.py
+(the 20-trial sweep). A `Run` is `python tests/traced_train.py --config
+tests/tiny_lm_config.py ...`: train.py with a phase hook installed, so its stderr carries
+`phase NAME STEP` lines (build,
 restore, train, eval, save, finish); a reader thread timestamps every output line. A
 kill is classified by the last phase line before it and by whether an orbax temporary
 directory (an asynchronous checkpoint write in flight) existed at that moment.
@@ -38,12 +39,11 @@ KILL_RUN = (
 
 
 def child_env(compile_cache: str | None = None, devices: int = 1) -> dict[str, str]:
-  """The environment of a training subprocess: unbuffered, traced, `devices` CPU devices,
+  """The environment of a training subprocess: unbuffered, `devices` CPU devices,
   and a persistent compilation cache shared by the runs of one trial set."""
   env = dict(os.environ)
   env.update(
     PYTHONUNBUFFERED="1",
-    TRANSFORMER_TRACE_PHASES="1",
     XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
     JAX_PLATFORMS="cpu",
   )
@@ -59,7 +59,7 @@ def child_env(compile_cache: str | None = None, devices: int = 1) -> dict[str, s
 def train_command(workdir: str, *overrides: str) -> list[str]:
   return [
     sys.executable,
-    os.path.join(REPO, "train.py"),
+    os.path.join(REPO, "tests", "traced_train.py"),
     f"--config={TINY_CONFIG}",
     f"--workdir={workdir}",
     *overrides,

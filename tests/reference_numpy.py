@@ -204,6 +204,20 @@ def reference_mask(
   return allowed
 
 
+def prefix_lm_mask(prefix: np.ndarray, segments: np.ndarray) -> np.ndarray:
+  """bool [B, 1, T, T], element by element: key s is visible from query t iff they share a
+  segment and (s <= t or both are prefix tokens) (Raffel et al. 2020, 3.2.1, prefix LM)."""
+  b, t = prefix.shape
+  mask = np.zeros((b, 1, t, t), bool)
+  for row in range(b):
+    for q in range(t):
+      for k in range(t):
+        same = segments[row, q] == segments[row, k]
+        both_prefix = bool(prefix[row, q]) and bool(prefix[row, k])
+        mask[row, 0, q, k] = same and (k <= q or both_prefix)
+  return mask
+
+
 # ----------------------------------------------------------------------------------------
 # Attention.
 
@@ -360,11 +374,12 @@ def _positions(tokens):
 
 
 def decoder_lm(
-  p: Params, tokens: np.ndarray, config, segment_ids=None, positions=None
+  p: Params, tokens: np.ndarray, config, segment_ids=None, positions=None, prefix=None
 ) -> np.ndarray:
   """GPT: causal stack, logits x E^T (tied) or through lm_head. Returns [B, T, V].
 
   segment_ids / positions: packed sequences (positions restart in each segment).
+  prefix: [B, T] prefix-LM markers (1 = prefix token; no sliding window).
   """
   positions = _positions(tokens) if positions is None else positions
   x = _add_positions(
@@ -373,6 +388,8 @@ def decoder_lm(
   segments = np.ones_like(tokens) if segment_ids is None else segment_ids
   idx = np.arange(tokens.shape[1])
   mask = reference_mask(idx, idx, True, config.sliding_window, segments, segments)
+  if prefix is not None:
+    mask = prefix_lm_mask(prefix, segments)
   x = stack(p["decoder"], x, config, config.num_layers, mask, positions, True)
   if config.tie_embeddings:
     return x @ p["token_embed"]["embedding"].T

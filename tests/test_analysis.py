@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from transformer import tasks
 from transformer.data.tokenizers import CharTokenizer
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
@@ -222,9 +223,9 @@ def test_sweep_runs_unfinished_points_resumes_and_tabulates(tmp_path, capsys):
 
 def test_text_input_batch():
   tok = CharTokenizer.train(["abcd"])
-  batch = analysis._text_batch("lm", tok, "abcab", max_len=4)
+  batch = tasks.get("lm")().text_batch(tok, "abcab", max_len=4)
   np.testing.assert_array_equal(batch["inputs"], [tok.encode("abca")])
   np.testing.assert_array_equal(batch["positions"], [[0, 1, 2, 3]])
   assert batch["segment_ids"].tolist() == [[1, 1, 1, 1]]
   with pytest.raises(ValueError, match="token models"):
-    analysis._text_batch("image", tok, "ab", 4)
+    tasks.get("image")().text_batch(tok, "ab", 4)

@@ -11,8 +11,11 @@ import pytest
 import reference_numpy as ref
 import torch
 
-from transformer.nn import attention as attn
-from transformer.nn.attention import MaskInfo, MultiHeadAttention, dot_product_attention
+from transformer.nn import masks
+from transformer.nn.attention import MultiHeadAttention
+from transformer.nn.kernels import dot_product_attention
+from transformer.nn.masks import MaskInfo
+from transformer.ops import causal_blocks
 
 IMPLS = ("xla", "jax", "chunked")
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -142,7 +145,9 @@ def test_causal_query_blocks_are_exact_in_values_and_gradients():
   same output and gradients (q, k, v, bias) as float64 references, with packed segments,
   a dense mask, a bias and GQA."""
   b, t, n, k, h = 2, 512, 4, 2, 8
-  assert attn.causal_query_blocks(t, t, MaskInfo.create(jnp.ones((b, t)), causal=True)) == 4
+  assert (
+    causal_blocks.causal_query_blocks(t, t, MaskInfo.create(jnp.ones((b, t)), causal=True)) == 4
+  )
   q, kk, v = _qkv(b, t, t, n, k, h, seed=5)
   rng = np.random.default_rng(6)
   bias = rng.standard_normal((1, n, t, t)).astype(np.float32)
@@ -182,7 +187,7 @@ def test_causal_query_blocks_dropout_is_unbiased_and_reproducible():
   t = 256
   q, k, v = (jnp.asarray(x) for x in _qkv(1, t, t, 1, 1, 4, seed=7))
   info = MaskInfo.create(jnp.ones((1, t), jnp.int32), causal=True)
-  assert attn.causal_query_blocks(t, t, info) == 2
+  assert causal_blocks.causal_query_blocks(t, t, info) == 2
 
   def f(rng):
     return dot_product_attention(
@@ -217,36 +222,38 @@ def test_causal_query_blocks_dropout_is_unbiased_and_reproducible():
 )
 def test_causal_query_blocks_only_where_they_apply(t, s, causal, offset, window, expected):
   info = MaskInfo.create(jnp.ones((1, t)), causal=causal, window=window).replace(q_offset=offset)
-  assert attn.causal_query_blocks(t, s, info) == expected
-  assert attn.causal_query_blocks(t, s, None) == 1
+  assert causal_blocks.causal_query_blocks(t, s, info) == expected
+  assert causal_blocks.causal_query_blocks(t, s, None) == 1
 
 
 def test_mask_helpers_match_reference():
   tokens = jnp.array([[5, 3, 0, 0], [1, 2, 3, 0]])
   np.testing.assert_array_equal(
-    attn.padding_mask(tokens), (np.asarray(tokens) != 0)[:, None, None, :]
+    masks.padding_mask(tokens), (np.asarray(tokens) != 0)[:, None, None, :]
   )
-  np.testing.assert_array_equal(attn.lengths_mask(jnp.array([2, 3]), 4), attn.padding_mask(tokens))
+  np.testing.assert_array_equal(
+    masks.lengths_mask(jnp.array([2, 3]), 4), masks.padding_mask(tokens)
+  )
   idx = np.arange(6)
   np.testing.assert_array_equal(
-    attn.causal_mask(4, 6, offset=2), ref.reference_mask(2 + idx[:4], idx, causal=True)
+    masks.causal_mask(4, 6, offset=2), ref.reference_mask(2 + idx[:4], idx, causal=True)
   )
   np.testing.assert_array_equal(
-    attn.sliding_window_mask(6, 2), ref.reference_mask(idx, idx, causal=True, window=2)
+    masks.sliding_window_mask(6, 2), ref.reference_mask(idx, idx, causal=True, window=2)
   )
   np.testing.assert_array_equal(
-    attn.sliding_window_mask(6, 2, causal=False), ref.reference_mask(idx, idx, window=2)
+    masks.sliding_window_mask(6, 2, causal=False), ref.reference_mask(idx, idx, window=2)
   )
   seg = np.array([[1, 1, 2, 0, 0, 0]])
   np.testing.assert_array_equal(
-    attn.segment_mask(jnp.asarray(seg), jnp.asarray(seg)),
+    masks.segment_mask(jnp.asarray(seg), jnp.asarray(seg)),
     ref.reference_mask(idx, idx, q_segments=seg, kv_segments=seg),
   )
-  combined = attn.combine_masks(
-    None, attn.causal_mask(6), attn.sliding_window_mask(6, 3, causal=False)
+  combined = masks.combine_masks(
+    None, masks.causal_mask(6), masks.sliding_window_mask(6, 3, causal=False)
   )
   np.testing.assert_array_equal(combined, ref.reference_mask(idx, idx, True, 3))
-  assert attn.combine_masks(None, None) is None
+  assert masks.combine_masks(None, None) is None
 
 
 def test_mask_info_blocks_tile_the_full_mask():

@@ -9,8 +9,10 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from transformer.nn.config import NAMED_SIZES, ModelConfig, flops_per_token, named, param_count
+from transformer.nn.config import ModelConfig
+from transformer.nn.counts import flops_per_token, param_count
 from transformer.nn.models import build_model
+from transformer.nn.sizes import NAMED_SIZES, named
 
 VIT = dict(family="vit", num_classes=10, image_size=32, patch_size=8, max_len=17)
 
@@ -29,6 +31,7 @@ BAD = [
   (dict(dtype="float64"), "dtype", "must be one of"),
   (dict(pooling="max"), "pooling", "must be one of cls, mean"),
   (dict(remat_policy="some"), "remat_policy", "must be one of"),
+  (dict(ops="cuda"), "ops", "must be one of fast, plain"),
   (dict(d_model=-32), "d_model", "positive integer"),
   (dict(vocab_size=0), "vocab_size", "positive integer"),
   (dict(num_layers=0), "num_layers", "positive integer"),

@@ -6,8 +6,15 @@ import re
 import numpy as np
 import pytest
 
+from transformer import tasks
 from transformer.data import DataConfig, builders, files, image_builders, make_datasets, pipeline
 from transformer.data.tokenizers import ByteTokenizer
+from transformer.nn.config import ModelConfig
+
+
+def _spec(cfg):
+  """The data spec of the task `cfg.kind` names."""
+  return tasks.get(cfg.kind)().data_spec()
 
 
 def _at(path, line=None):
@@ -27,7 +34,7 @@ def test_missing_file_and_folder(tmp_path):
     image_builders.idx_images(tmp_path, tmp_path / "tfds")
   cfg = DataConfig(path=str(missing), data_dir=str(tmp_path / "tfds"))
   with pytest.raises(FileNotFoundError, match=_at(missing)):
-    make_datasets(cfg, tmp_path, 4, 8, 0, 0, 1)
+    make_datasets(cfg, _spec(cfg), tmp_path, 4, 8, 0, 0, 1)
 
 
 def test_empty_corpus_and_empty_folder(tmp_path):
@@ -107,7 +114,7 @@ def test_overlong_example_with_error_policy_names_file_and_line(tmp_path):
     validation_fraction=0.0, test_fraction=0.0, eval_split="train", data_dir=str(tmp_path / "tfds"),
   )  # fmt: skip
   with pytest.raises(ValueError, match=_at(path, 7) + ": too long for the row"):
-    make_datasets(cfg, tmp_path, 4, 16, 0, 0, 1)
+    make_datasets(cfg, _spec(cfg), tmp_path, 4, 16, 0, 0, 1)
   # The same check inside the pipeline (records the up-front scan did not sample).
   builder = builders.sentence_pairs(
     path, ["en", "es"], tmp_path / "tfds", validation_fraction=0.0, test_fraction=0.0
@@ -127,22 +134,23 @@ def test_overlong_example_with_error_policy_names_file_and_line(tmp_path):
 def test_config_errors(tmp_path):
   with pytest.raises(ValueError, match="unknown field"):
     DataConfig.from_mapping({"kind": "lm", "seq_length": 5})
-  with pytest.raises(ValueError, match="kind must be one of"):
-    DataConfig(kind="vision")
-  with pytest.raises(ValueError, match="tokenizer 'none' goes with kind 'image'"):
-    DataConfig(kind="image", source="idx")
+  with pytest.raises(ValueError, match="data.kind='vision': must be one of lm, mlm"):
+    tasks.get("vision")
+  with pytest.raises(ValueError, match="data.tokenizer='char': must be 'none' for image tasks"):
+    tasks.get("image")().check(ModelConfig(family="vit", num_classes=2), DataConfig(source="idx"))
   corpus = tmp_path / "c.txt"
   corpus.write_text("hello there\n" * 50)
   base = DataConfig(path=str(corpus), data_dir=str(tmp_path / "tfds"))
   with pytest.raises(ValueError, match=r"no split 'dev'; prepared splits"):
-    make_datasets(base.replace(eval_split="dev"), tmp_path, 4, 8, 0, 0, 1)
+    make_datasets(base.replace(eval_split="dev"), _spec(base), tmp_path, 4, 8, 0, 0, 1)
   with pytest.raises(ValueError, match="not divisible by process_count 3"):
-    make_datasets(base, tmp_path, 4, 8, 0, 0, 3)
+    make_datasets(base, _spec(base), tmp_path, 4, 8, 0, 0, 3)
   with pytest.raises(ValueError, match="too few for windows"):
-    make_datasets(base, tmp_path, 4, 100, 0, 0, 1)
+    make_datasets(base, _spec(base), tmp_path, 4, 100, 0, 0, 1)
   with pytest.raises(FileNotFoundError, match="TFDS dataset 'lm1b' is not prepared"):
     make_datasets(
       DataConfig(source="tfds", path="lm1b", data_dir=str(tmp_path / "empty")),
+      _spec(DataConfig()),
       tmp_path,
       4,
       8,

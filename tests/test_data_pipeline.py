@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from etils import epath
 
-from transformer.data import BATCH_KEYS, DataConfig, make_datasets
+from transformer import tasks
+from transformer.data import DataConfig, make_datasets
 from transformer.data.tokenizers import BOS_ID, CLS_ID, EOS_ID, NUM_SPECIAL
 
 WORDS = "the of and to a in that is was he for it with as his on be at by i".split()
@@ -40,6 +41,29 @@ def data(tmp_path_factory):
     header = bytes([0, 0, 8, arr.ndim]) + np.array(arr.shape, ">u4").tobytes()
     (images / name).write_bytes(gzip.compress(header + arr.tobytes()))
   return {"root": root, "tfds": str(root / "tfds")}
+
+
+def _spec(cfg):
+  """The data spec of the task `cfg.kind` names."""
+  return tasks.get(cfg.kind)().data_spec()
+
+
+# The keys of each task's batches (docs/DATA.md).
+BATCH_KEYS = {
+  "lm": ("inputs", "targets", "weights", "segment_ids", "positions"),
+  "mlm": ("inputs", "targets", "weights", "segment_ids", "positions"),
+  "classification": ("inputs", "segment_ids", "positions", "label"),
+  "seq2seq": (
+    "inputs",
+    "targets",
+    "inputs_segment_ids",
+    "targets_segment_ids",
+    "inputs_positions",
+    "targets_positions",
+    "weights",
+  ),
+  "image": ("image", "label"),
+}
 
 
 def _config(data, name, **changes):
@@ -94,7 +118,9 @@ def _make(
   **changes,
 ):
   cfg = _config(data, name, **changes)
-  return make_datasets(cfg, tmp_path, batch_size, seq_len, seed, process_index, process_count)
+  return make_datasets(
+    cfg, _spec(cfg), tmp_path, batch_size, seq_len, seed, process_index, process_count
+  )
 
 
 def _take(it, n):
@@ -306,7 +332,7 @@ def test_shakespeare_preset_gives_nanogpt_batches(tmp_path):
   from transformer.data import PRESETS
 
   cfg = PRESETS["shakespeare_char"].replace(data_dir=str(tmp_path / "tfds"))
-  train, eval_factory, info = make_datasets(cfg, tmp_path, 12, 64, 0, 0, 1)
+  train, eval_factory, info = make_datasets(cfg, _spec(cfg), tmp_path, 12, 64, 0, 0, 1)
   assert info.vocab_size == 7 + 65  # the 65 characters of tiny shakespeare
   batch = next(train)
   assert batch["inputs"].shape == (12, 64) and (batch["weights"] == 1).all()

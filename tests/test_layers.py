@@ -1,19 +1,14 @@
 """Norms, feed-forward, embeddings and the Transformer block against the float64 reference."""
 
-import functools
-
-import flax.linen as nn
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref
-from jax import lax
 
 from transformer.nn import layers
-from transformer.nn.attention import MaskInfo
 from transformer.nn.blocks import Block, shift_right
-from transformer.nn.config import gated_hidden_size
+from transformer.nn.masks import MaskInfo
+from transformer.nn.sizes import gated_hidden_size
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
@@ -132,63 +127,3 @@ def test_block_matches_reference(tiny_config, random_params, jit_apply, name):
   )
   assert out.shape == x.shape
   np.testing.assert_allclose(out, expected, **TOL)
-
-
-# --------------------------------------------------------------------------------------
-# The CPU fast paths: dropout masks and the dense layers' backward pass.
-
-
-@pytest.mark.parametrize("shape", [(3, 5), (2, 3, 8), (4, 2, 33, 17)])
-@pytest.mark.parametrize("p", [0.9, 0.5, 0.123])
-def test_bernoulli_is_jax_random_bernoulli_bit_for_bit(shape, p):
-  for key in (jax.random.key(7), jax.random.PRNGKey(7), jax.random.fold_in(jax.random.key(3), 11)):
-    want = jax.random.bernoulli(key, p, shape)
-    got = jax.jit(layers.bernoulli, static_argnums=(1, 2))(key, p, shape)
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
-
-
-def test_bernoulli_falls_back_for_other_key_impls():
-  key = jax.random.key(0, impl="rbg")
-  want = jax.random.bernoulli(key, 0.3, (4, 6))
-  np.testing.assert_array_equal(layers.bernoulli(key, 0.3, (4, 6)), want)
-
-
-@pytest.mark.parametrize("rate, broadcast_dims", [(0.1, ()), (0.5, (1,)), (0.3, (-1,))])
-def test_dropout_equals_flax_dropout(rate, broadcast_dims):
-  x = jnp.asarray(_x((3, 9, 16)))
-  rngs = {"dropout": jax.random.key(5)}
-  want = nn.Dropout(rate, broadcast_dims=broadcast_dims).apply(
-    {}, x, deterministic=False, rngs=rngs
-  )
-  ours = layers.Dropout(rate, broadcast_dims=broadcast_dims)
-  np.testing.assert_array_equal(ours.apply({}, x, deterministic=False, rngs=rngs), want)
-  np.testing.assert_array_equal(ours.apply({}, x, deterministic=True), x)
-
-
-@pytest.mark.parametrize(
-  "x_shape, w_shape, contract",
-  [((2, 3, 5), (5, 7), 1), ((2, 3, 4, 5), (4, 5, 6), 2), ((2, 3, 8), (8, 2, 4), 1)],
-  ids=["dense", "out-projection", "head-projection"],
-)
-def test_dense_dot_general_matches_lax_dot_general_and_its_gradients(x_shape, w_shape, contract):
-  rng = np.random.default_rng(0)
-  x, w = (jnp.asarray(rng.standard_normal(s).astype(np.float32)) for s in (x_shape, w_shape))
-  dims = ((tuple(range(len(x_shape) - contract, len(x_shape))), tuple(range(contract))), ((), ()))
-  g = jnp.asarray(rng.standard_normal(jax.eval_shape(lambda: lax.dot_general(x, w, dims)).shape))
-
-  def loss(dot, x, w):
-    return jnp.sum(dot(x, w, dims) * g)
-
-  np.testing.assert_allclose(
-    layers.dense_dot_general(x, w, dims), lax.dot_general(x, w, dims), **TOL
-  )
-  want = jax.grad(functools.partial(loss, lax.dot_general), argnums=(0, 1))(x, w)
-  got = jax.grad(functools.partial(loss, layers.dense_dot_general), argnums=(0, 1))(x, w)
-  for a, b in zip(got, want, strict=True):
-    np.testing.assert_allclose(a, b, **TOL)
-
-
-def test_dense_dot_general_leaves_batched_contractions_to_lax():
-  x, w = jnp.ones((2, 3, 4)), jnp.ones((2, 4, 5))
-  dims = (((2,), (1,)), ((0,), (0,)))
-  np.testing.assert_array_equal(layers.dense_dot_general(x, w, dims), lax.dot_general(x, w, dims))

@@ -10,10 +10,10 @@ import optax
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from transformer import tasks
 from transformer.nn import partitioning
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
-from transformer.tasks.registry import init_inputs
 from transformer.train.checkpoints import CheckpointManager
 from transformer.train.parallel import StepRunner
 from transformer.train.step import StepConfig, create_train_state
@@ -92,8 +92,10 @@ def _setup(family: str, mesh_shape: dict, kind: str):
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3, eps=1e-4, weight_decay=0.01))
   devices = jax.devices()[:1] if mesh_shape == SINGLE else None
   mesh = partitioning.make_mesh(mesh_shape, devices)
-  runner = StepRunner(StepConfig(model=model, tx=tx, kind=kind, label_smoothing=0.1), "jit", mesh)
-  args, kwargs = init_inputs(kind, jax.tree.map(lambda x: x[:1], _batches(kind, 1)[0]))
+  runner = StepRunner(
+    StepConfig(model=model, tx=tx, task=tasks.get(kind)(), label_smoothing=0.1), "jit", mesh
+  )
+  args, kwargs = tasks.get(kind)().init_args(jax.tree.map(lambda x: x[:1], _batches(kind, 1)[0]))
   params = jax.jit(lambda r: model.init(r, *args, **kwargs))(jax.random.PRNGKey(0))["params"]
   return runner, create_train_state(jax.device_get(params), tx, jax.random.PRNGKey(1))
 
@@ -159,7 +161,9 @@ def test_every_parameter_of_every_family_has_logical_axes():
       cfg = _config(family).replace(**extra)
       model = build_model(cfg)
       kind = KIND[family]
-      args, kwargs = init_inputs(kind, jax.tree.map(lambda x: x[:1], _batches(kind, 1)[0]))
+      args, kwargs = tasks.get(kind)().init_args(
+        jax.tree.map(lambda x: x[:1], _batches(kind, 1)[0])
+      )
       init = lambda m=model, a=args, k=kwargs: m.init(jax.random.PRNGKey(0), *a, **k)
       params = jax.eval_shape(init)["params"]
       axes = partitioning.logical_axes(params)

@@ -11,8 +11,14 @@ import numpy as np
 import pytest
 
 from transformer.nn import config as config_lib
-from transformer.nn.config import NAMED_SIZES, ModelConfig, named, param_count
-from transformer.nn.models import build_model
+from transformer.nn.config import ModelConfig
+from transformer.nn.counts import param_count
+from transformer.nn.models import FAMILIES, build_model
+from transformer.nn.positions import POSITIONS
+from transformer.nn.sizes import NAMED_SIZES, named
+
+_FAMILIES = tuple(FAMILIES)  # registry order: encoder, decoder, seq2seq, vit
+_POSITIONS = tuple(POSITIONS)
 
 # Exact counts of our models. Where a source quotes a figure, it is noted.
 PINNED = {
@@ -77,8 +83,8 @@ def _random_config(seed: int) -> ModelConfig:
     return options[rng.integers(len(options))]
 
   # Family and position cycle, so 28 seeds see every (family, position) pair that is valid.
-  family = config_lib.FAMILIES[seed % len(config_lib.FAMILIES)]
-  position = config_lib.POSITIONS[(seed // len(config_lib.FAMILIES)) % len(config_lib.POSITIONS)]
+  family = _FAMILIES[seed % len(_FAMILIES)]
+  position = _POSITIONS[(seed // len(_FAMILIES)) % len(_POSITIONS)]
   heads = int(pick([2, 4, 8]))
   fields = dict(
     family=family,
@@ -122,7 +128,7 @@ def _random_config(seed: int) -> ModelConfig:
   return ModelConfig(**fields)
 
 
-SEEDS = range(len(config_lib.FAMILIES) * len(config_lib.POSITIONS))
+SEEDS = range(len(_FAMILIES) * len(_POSITIONS))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -135,5 +141,5 @@ def test_random_options_cover_every_family_and_position_pair():
   """The sampler reaches every valid (family, position) pair, so every count formula."""
   seen = {(c.family, c.position) for c in map(_random_config, SEEDS)}
   vit = {("vit", p) for p in ("learned", "sinusoidal", "none")}
-  other = {(f, p) for f in ("encoder", "decoder", "seq2seq") for p in config_lib.POSITIONS}
+  other = {(f, p) for f in ("encoder", "decoder", "seq2seq") for p in _POSITIONS}
   assert seen == vit | other

@@ -2,20 +2,34 @@
 
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref
 
-from transformer.nn import positional
-from transformer.nn.attention import MaskInfo, MultiHeadAttention
+from transformer.nn.attention import MultiHeadAttention
+from transformer.nn.masks import MaskInfo
+from transformer.nn.positions import (
+  POSITIONS,
+  Position,
+  alibi_bias,
+  alibi_slopes,
+  apply_rope,
+  position_for,
+  shaw_relative_logits,
+  sincos_2d_table,
+  sinusoidal_table,
+  t5_relative_bias,
+  t5_relative_bucket,
+)
 
 TOL = dict(rtol=1e-5, atol=1e-5)
 
 
 def test_sinusoidal_table_is_the_paper_formula():
-  table = positional.sinusoidal_table(50, 16)
+  table = sinusoidal_table(50, 16)
   assert table.shape == (50, 16) and table.dtype == np.float32
   np.testing.assert_allclose(table, ref.sinusoidal(np.arange(50), 16), atol=1e-6)
 
@@ -23,7 +37,7 @@ def test_sinusoidal_table_is_the_paper_formula():
 def test_sinusoidal_shift_is_a_fixed_rotation():
   """PE(pos + k) = M_k PE(pos), M_k block-diagonal 2x2 rotations independent of pos (3.5)."""
   d, length = 16, 64
-  table = positional.sinusoidal_table(length, d).astype(np.float64)
+  table = sinusoidal_table(length, d).astype(np.float64)
   for k in (1, 5, 17):
     m = np.zeros((d, d))
     for i in range(d // 2):
@@ -38,20 +52,34 @@ def test_sinusoidal_shift_is_a_fixed_rotation():
 
 
 def test_sincos_2d_table_encodes_row_then_column():
-  np.testing.assert_allclose(positional.sincos_2d_table(3, 8), ref.sincos_2d(3, 8), atol=1e-6)
+  np.testing.assert_allclose(sincos_2d_table(3, 8), ref.sincos_2d(3, 8), atol=1e-6)
   with pytest.raises(ValueError, match="divisible by 4"):
-    positional.sincos_2d_table(3, 6)
+    sincos_2d_table(3, 6)
+
+
+class _Embed(nn.Module):
+  """The embedding hook of one position kind, as `Embedder` calls it."""
+
+  config: object
+
+  @nn.compact
+  def __call__(self, x, positions):
+    return position_for(self.config).embed(self, x, positions)
 
 
 @pytest.mark.parametrize("kind", ["learned", "sinusoidal"])
-def test_absolute_position_embedding_adds_the_table_row(kind, random_params, jit_apply):
-  module = positional.AbsolutePositionEmbedding(max_len=12, kind=kind)
+def test_absolute_position_embedding_adds_the_table_row(
+  kind, tiny_config, random_params, jit_apply
+):
+  module = _Embed(tiny_config(position=kind, max_len=12, d_model=8, num_heads=2))
   rng = np.random.default_rng(0)
   x = rng.standard_normal((2, 5, 8)).astype(np.float32)
   positions = np.array([[0, 1, 2, 3, 4], [7, 8, 0, 1, 11]], np.int32)  # packed rows
   params = random_params(module, x, positions)
   out = jit_apply(module)(params, x, positions)
-  table = params["embedding"] if kind == "learned" else ref.sinusoidal(np.arange(12), 8)
+  table = (
+    params["positions"]["embedding"] if kind == "learned" else ref.sinusoidal(np.arange(12), 8)
+  )
   np.testing.assert_allclose(out, x + np.asarray(table, np.float64)[positions], **TOL)
 
 
@@ -60,7 +88,7 @@ def test_rope_matches_complex_rotation(theta):
   rng = np.random.default_rng(1)
   x = rng.standard_normal((2, 6, 3, 8)).astype(np.float32)
   positions = np.array([[0, 1, 2, 3, 4, 5], [9, 10, 0, 1, 2, 300]], np.int32)
-  out = jax.jit(positional.apply_rope, static_argnums=2)(x, positions, theta)
+  out = jax.jit(apply_rope, static_argnums=2)(x, positions, theta)
   np.testing.assert_allclose(out, ref.rope(x.astype(np.float64), positions, theta), **TOL)
   np.testing.assert_allclose(np.linalg.norm(out, axis=-1), np.linalg.norm(x, axis=-1), rtol=1e-5)
 
@@ -74,8 +102,8 @@ def test_rope_scores_depend_only_on_the_offset():
   @jax.jit
   def scores(offset):
     pos_q = jnp.asarray(starts)[None, :]  # [1, P]
-    qr = positional.apply_rope(jnp.broadcast_to(q, (1, len(starts), 1, 16)), pos_q)
-    kr = positional.apply_rope(jnp.broadcast_to(k, (1, len(starts), 1, 16)), pos_q + offset)
+    qr = apply_rope(jnp.broadcast_to(q, (1, len(starts), 1, 16)), pos_q)
+    kr = apply_rope(jnp.broadcast_to(k, (1, len(starts), 1, 16)), pos_q + offset)
     return jnp.einsum("BTNH,BTNH->T", qr, kr)  # one score per start position
 
   for offset in (0, 1, 3, 11):
@@ -86,14 +114,14 @@ def test_rope_scores_depend_only_on_the_offset():
 
 def test_alibi_slopes_follow_the_paper():
   for n in range(1, 17):
-    np.testing.assert_allclose(positional.alibi_slopes(n), ref.alibi_slopes(n), rtol=1e-7)
-  np.testing.assert_allclose(positional.alibi_slopes(8), 2.0 ** -np.arange(1, 9))
+    np.testing.assert_allclose(alibi_slopes(n), ref.alibi_slopes(n), rtol=1e-7)
+  np.testing.assert_allclose(alibi_slopes(8), 2.0 ** -np.arange(1, 9))
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
   q_pos = np.array([[0, 1, 2, 3], [5, 6, 0, 1]])
   kv_pos = np.array([[0, 1, 2, 3, 4], [5, 6, 0, 1, 2]])
-  bias = jax.jit(positional.alibi_bias, static_argnums=2)(q_pos, kv_pos, 6)
+  bias = jax.jit(alibi_bias, static_argnums=2)(q_pos, kv_pos, 6)
   slopes = ref.alibi_slopes(6)
   expected = -slopes[None, :, None, None] * np.abs(q_pos[:, None, :, None] - kv_pos[:, None, None])
   assert bias.shape == (2, 6, 4, 5)
@@ -109,7 +137,7 @@ def test_t5_buckets_match_t5_relative_position_bucket():
   @jax.jit
   def all_buckets(relative):
     return {
-      (bi, nb, md): positional.t5_relative_bucket(relative, bi, nb, md)
+      (bi, nb, md): t5_relative_bucket(relative, bi, nb, md)
       for bi in (True, False)
       for nb, md in T5_SETTINGS
     }
@@ -122,14 +150,13 @@ def test_t5_buckets_match_t5_relative_position_bucket():
     assert expected.min() == 0 and expected.max() == nb - 1  # every bucket is reachable
 
 
-def test_t5_relative_bias_module_looks_up_its_table(random_params, jit_apply):
-  module = positional.T5RelativeBias(num_heads=3, num_buckets=8, max_distance=12)
+def test_t5_relative_bias_looks_up_its_table():
+  table = np.random.default_rng(2).standard_normal((8, 3)).astype(np.float32)  # [buckets, N]
   pos = np.broadcast_to(np.arange(20), (1, 20))
-  params = random_params(module, pos, pos)
-  bias = jit_apply(module)(params, pos, pos)
+  bias = jax.jit(t5_relative_bias, static_argnums=(3, 4))(table, pos, pos, True, 12)
   rel = pos[0][None, :] - pos[0][:, None]
   buckets = np.vectorize(ref.t5_relative_position_bucket)(rel, True, 8, 12)
-  expected = np.asarray(params["rel_embedding"])[buckets].transpose(2, 0, 1)[None]
+  expected = table[buckets].transpose(2, 0, 1)[None]
   np.testing.assert_array_equal(bias, expected)
 
 
@@ -139,7 +166,7 @@ def test_shaw_relative_logits_clip_the_distance():
   table = rng.standard_normal((2 * 2 + 1, 4)).astype(np.float32)
   q_pos = np.array([[0, 1, 2, 3, 4], [3, 4, 0, 1, 2]])
   kv_pos = np.array([[0, 1, 2, 3, 4, 5], [3, 4, 0, 1, 2, 9]])
-  out = jax.jit(positional.shaw_relative_logits)(q, table, q_pos, kv_pos)
+  out = jax.jit(shaw_relative_logits)(q, table, q_pos, kv_pos)
   expected = np.zeros((2, 3, 5, 6))
   for b in range(2):
     for t in range(5):
@@ -192,3 +219,10 @@ def test_attention_with_each_relative_kind_matches_reference(
     None if rel_table is None else rel_table.astype(np.float64),
   )
   np.testing.assert_allclose(out, expected, **TOL)
+
+
+def test_the_registry_names_each_kind_once_with_its_hooks():
+  kinds = ("sinusoidal", "learned", "rope", "alibi", "relative_t5", "relative_shaw", "none")
+  assert tuple(POSITIONS) == kinds
+  assert all(issubclass(kind, Position) for kind in POSITIONS.values())
+  assert len(set(POSITIONS.values())) == len(kinds)

@@ -52,6 +52,8 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "translate_en_es": ((None,), {}, {}),
   "vit_fashion_mnist": ((None,), {}, _FASHION_VIT),
   "vit_digits": ((None,), {}, _DIGITS_VIT),
+  "t5_span_corruption": ((None,), {}, {}),
+  "prefix_lm_shakespeare": ((None,), {}, {}),
 }
 
 
@@ -108,7 +110,7 @@ def test_config_loads_with_every_documented_arg(stem):
     config = _get_config(stem, arg)
     config.lock()
     exp = experiment.validate(config)  # every field valid before anything is built
-    assert exp.loop["num_train_steps"] > 0
+    assert exp.loop.num_train_steps > 0
     doc = module.__doc__ or ""
     assert f"python train.py --config configs/{stem}.py" in doc, f"{stem}: no command in docstring"
 

@@ -12,8 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.nn.attention import MaskInfo, MultiHeadAttention, dot_product_attention
+from transformer.nn.attention import MultiHeadAttention
 from transformer.nn.blocks import Block
+from transformer.nn.kernels import dot_product_attention
+from transformer.nn.masks import MaskInfo
 
 ATOL = 1e-5
 B, T, S, D = 2, 7, 9, 32

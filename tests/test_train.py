@@ -14,9 +14,10 @@ import numpy as np
 import optax
 import pytest
 
+from transformer import tasks
 from transformer.data import masking
 from transformer.data.tokenizers import CLS_ID, NUM_SPECIAL, PAD_ID, SEP_ID
-from transformer.eval import evaluate as eval_lib
+from transformer.eval.evaluate import evaluate
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.train import experiment
@@ -72,7 +73,9 @@ def _runner(parallelism, devices=None, accum=1, clip=1.0, lr=3e-3):
   )
   model = build_model(cfg)
   tx = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, b2=0.98, eps=1e-9))
-  step_cfg = StepConfig(model=model, tx=tx, kind="lm", label_smoothing=0.1, grad_accum_steps=accum)
+  step_cfg = StepConfig(
+    model=model, tx=tx, task=tasks.get("lm")(), label_smoothing=0.1, grad_accum_steps=accum
+  )
   mesh = make_mesh(devices) if devices is not None else None
   runner = StepRunner(step_cfg, parallelism, mesh)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
@@ -141,7 +144,10 @@ def _mlm_runner(max_predictions):
   model = build_model(cfg)
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3, b2=0.98, eps=1e-9))
   step_cfg = StepConfig(
-    model=model, tx=tx, kind="mlm", label_smoothing=0.1, mlm_max_predictions=max_predictions
+    model=model,
+    tx=tx,
+    task=tasks.get("mlm")(max_predictions=max_predictions),
+    label_smoothing=0.1,
   )
   runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
@@ -233,7 +239,7 @@ def test_train_resume_and_eval_reproduce(tmp_path):
     assert os.path.exists(os.path.join(workdir, name)), name
   assert any(f.startswith("events") for f in os.listdir(os.path.join(workdir, "tensorboard")))
   # eval.py's library function reproduces the final logged evaluation.
-  result = eval_lib.evaluate(workdir)
+  result = evaluate(workdir)
   assert result["step"] == 6
   np.testing.assert_allclose(result["loss"], metrics["loss"], rtol=1e-6)
   logged = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]

@@ -2,10 +2,11 @@
 
 Public API (details in docs/DATA.md):
 
-  make_datasets(data_config, workdir, batch_size, seq_len, seed,
+  make_datasets(data_config, spec, workdir, batch_size, seq_len, seed,
                 process_index=None, process_count=None)
       -> (train_iter, eval_iter_factory, info)
     data_config: `DataConfig` or a mapping / ml_collections ConfigDict of its fields.
+    spec: the task's `DataSpec` (how records become its batches; transformer/tasks).
     batch_size is global; each host yields batch_size // process_count rows.
     train_iter: `grain.DatasetIterator` of numpy batches; `get_state()` / `set_state()`
       (or `grain.checkpoint.CheckpointSave(train_iter)` under orbax) resume it exactly.
@@ -18,7 +19,8 @@ Public API (details in docs/DATA.md):
     data_dir, splits, columns, tokenizer, vocab_size, packing, windows, masking,
     image normalisation / augmentation, workers, prefetch, overlong policy.
 
-  Batches (B rows on this host, T = seq_len, S = inputs length; int32 unless f32):
+  Batches of the built-in tasks (B rows on this host, T = seq_len, S = inputs length;
+  int32 unless f32):
     lm             inputs, targets (next tokens), weights f32, segment_ids, positions [B, T]
     mlm            inputs (masked), targets (original), weights f32 (1 = predict),
                    segment_ids, positions [B, T]
@@ -43,7 +45,8 @@ Building blocks, usable alone:
 
 from transformer.data.config import PRESETS, DataConfig
 from transformer.data.datasets import DataInfo, make_datasets
-from transformer.data.pipeline import BATCH_KEYS, Loader
+from transformer.data.pipeline import Loader
+from transformer.data.spec import DataContext, DataSpec
 from transformer.data.tokenizers import (
   BOS_ID,
   CLS_ID,
@@ -59,11 +62,12 @@ from transformer.data.tokenizers import (
 )
 
 __all__ = [
-  "BATCH_KEYS",
   "BOS_ID",
   "CLS_ID",
+  "DataContext",
   "DataConfig",
   "DataInfo",
+  "DataSpec",
   "EOS_ID",
   "Loader",
   "MASK_ID",

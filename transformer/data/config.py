@@ -15,9 +15,8 @@ from typing import Any
 from transformer.data.image_builders import FASHION_MNIST_LABELS
 from transformer.data.packing import OVERLONG_POLICIES
 
-KINDS = ("lm", "mlm", "classification", "seq2seq", "image")
 SOURCES = ("text", "pairs", "labelled", "idx", "image_folder", "sklearn_digits", "tfds")
-IMAGE_SOURCES = ("idx", "image_folder", "sklearn_digits", "tfds")
+IMAGE_SOURCES = ("idx", "image_folder", "sklearn_digits")  # sources whose records are images
 TOKENIZERS = ("char", "byte", "sentencepiece", "none")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +25,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class DataConfig:
   """What to read and how to turn it into batches. Invalid values raise `ValueError`."""
 
-  kind: str = "lm"  # lm | mlm | classification | seq2seq | image (the batch format)
+  kind: str = "lm"  # the task (a name in transformer/tasks): lm, mlm, seq2seq, image, ...
   source: str = "text"  # text | pairs | labelled | idx | image_folder | sklearn_digits | tfds
   path: str = (
     "data/tinyshakespeare.txt.gz"  # local file / folder, or TFDS name ('wmt14_translate/de-en')
@@ -65,7 +64,6 @@ class DataConfig:
 
   def __post_init__(self):
     for name, value, allowed in (
-      ("kind", self.kind, KINDS),
       ("source", self.source, SOURCES),
       ("tokenizer", self.tokenizer, TOKENIZERS),
       ("overlong", self.overlong, OVERLONG_POLICIES),
@@ -73,27 +71,6 @@ class DataConfig:
     ):
       if value not in allowed:
         raise ValueError(f"DataConfig.{name} must be one of {allowed}, got {value!r}")
-    if (self.kind == "image") != (self.tokenizer == "none"):
-      raise ValueError(
-        f"DataConfig: tokenizer 'none' goes with kind 'image' only "
-        f"(kind={self.kind!r}, tokenizer={self.tokenizer!r})"
-      )
-    if self.kind == "image" and self.source not in IMAGE_SOURCES:
-      raise ValueError(
-        f"DataConfig: kind 'image' needs source {', '.join(IMAGE_SOURCES)}, got {self.source!r}"
-      )
-    if self.kind != "image" and self.source in IMAGE_SOURCES[:-1]:
-      raise ValueError(
-        f"DataConfig: source {self.source!r} holds images, but kind is {self.kind!r}"
-      )
-    if self.kind == "seq2seq" and self.source not in ("pairs", "tfds"):
-      raise ValueError(
-        f"DataConfig: kind 'seq2seq' needs source 'pairs' or 'tfds', got {self.source!r}"
-      )
-    if self.kind == "classification" and self.source not in ("labelled", "tfds"):
-      raise ValueError(
-        f"DataConfig: kind 'classification' needs source 'labelled' or 'tfds', got {self.source!r}"
-      )
     if not 0 < self.mask_rate < 1:
       raise ValueError(f"DataConfig.mask_rate must lie in (0, 1), got {self.mask_rate}")
     if self.vocab_size < 16:

@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grain
@@ -23,10 +23,11 @@ import numpy as np
 
 from transformer.data import features, images, packing, pipeline, sources
 from transformer.data.config import DataConfig
+from transformer.data.spec import DataContext, DataSpec, Shapes
 from transformer.data.tokenizers import Tokenizer
 
 _IMAGE_STAT_EXAMPLES = 10_000
-_PACKING_PROBE_BATCHES = 8
+_PROBE_BATCHES = 8  # batches drawn to measure packing efficiency
 
 
 @dataclasses.dataclass
@@ -34,9 +35,10 @@ class DataInfo:
   """What the model and the loop need to know about the data."""
 
   config: DataConfig
+  spec: DataSpec  # the task's batch description
   tokenizer: Tokenizer | None  # None for images
   vocab_size: int  # tokenizer.vocab_size (ids 0..6 are PAD BOS EOS UNK MASK CLS SEP); 0 for images
-  num_classes: int  # classification / image; 0 otherwise
+  num_classes: int  # labelled tasks; 0 otherwise
   label_names: tuple[str, ...]
   image_shape: tuple[int, ...] | None  # [H, W, C] for images
   batch_size: int  # rows per batch on this host (global batch / process_count)
@@ -48,149 +50,15 @@ class DataInfo:
   eval_batches: int  # batches one evaluation pass yields on every host
   stats: dict[str, Any]  # overlong counts, unknown characters, packing efficiency, image stats
 
-  def batch_shapes(self, train: bool = True) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+  def batch_shapes(self, train: bool = True) -> Shapes:
     """Key -> (shape, dtype) of every batch (fixed shapes; compile once)."""
-    b = self.batch_size if train else self.eval_batch_size
-    t, s = self.target_seq_len, self.seq_len
-    i32, f32 = np.dtype(np.int32), np.dtype(np.float32)
-    if self.config.kind == "image":
-      return {"image": ((b, *self.image_shape), f32), "label": ((b,), i32)}
-    if self.config.kind == "classification":
-      return {
-        "inputs": ((b, s), i32),
-        "segment_ids": ((b, s), i32),
-        "positions": ((b, s), i32),
-        "label": ((b,), i32),
-      }
-    if self.config.kind == "seq2seq":
-      shapes = {k: ((b, s), i32) for k in ("inputs", "inputs_segment_ids", "inputs_positions")}
-      shapes |= {k: ((b, t), i32) for k in ("targets", "targets_segment_ids", "targets_positions")}
-      return shapes | {"weights": ((b, t), f32)}
-    return {
-      k: ((b, s), f32 if k == "weights" else i32) for k in pipeline.BATCH_KEYS[self.config.kind]
-    }
-
-
-@dataclasses.dataclass
-class _Context:
-  """What the per-family dataset constructors share."""
-
-  cfg: DataConfig
-  splits: sources.Splits
-  tok: Tokenizer | None
-  seq_len: int
-  target_len: int
-  seed: int
-  loader: pipeline.Loader
-  streams: dict[str, np.ndarray] = dataclasses.field(
-    default_factory=dict
-  )  # windows: split -> tokens
-  image_mean: tuple[float, ...] = ()
-  image_std: tuple[float, ...] = ()
-
-  def source(self, train: bool) -> Sequence:
-    split = "train" if train else "eval"
-    if split in self.streams:
-      return self.streams[split]
-    return self.splits.train if train else self.splits.eval
-
-  @property
-  def text_key(self) -> str:
-    return "text" if self.cfg.source == "labelled" else self.splits.text_keys[0]
-
-  @property
-  def label_key(self) -> str:
-    return self.cfg.label_column if self.cfg.source == "tfds" else "label"
-
-  def common(self) -> dict[str, Any]:
-    return {"seed": self.seed, "loader": self.loader}
-
-  def text_common(self) -> dict[str, Any]:
-    return {**self.common(), "seq_len": self.seq_len, "source_name": self.splits.name}
-
-
-def _lm(c: _Context, train: bool, b: int) -> grain.IterDataset:
-  return pipeline.lm_dataset(
-    c.source(train),
-    c.tok,
-    batch_size=b,
-    train=train,
-    windows=c.cfg.uses_windows,
-    packed=c.cfg.packing,
-    text_key=c.text_key,
-    **c.text_common(),
-  )
-
-
-def _mlm(c: _Context, train: bool, b: int) -> grain.IterDataset:
-  return pipeline.mlm_dataset(
-    c.source(train),
-    c.tok,
-    batch_size=b,
-    train=train,
-    windows=c.cfg.uses_windows,
-    packed=c.cfg.packing,
-    text_key=c.text_key,
-    mask_rate=c.cfg.mask_rate,
-    whole_word=c.cfg.whole_word_masking,
-    **c.text_common(),
-  )
-
-
-def _classification(c: _Context, train: bool, b: int) -> grain.IterDataset:
-  return pipeline.classification_dataset(
-    c.source(train),
-    c.tok,
-    batch_size=b,
-    train=train,
-    text_key=c.text_key,
-    label_key=c.label_key,
-    **c.text_common(),
-  )
-
-
-def _seq2seq(c: _Context, train: bool, b: int) -> grain.IterDataset:
-  return pipeline.seq2seq_dataset(
-    c.source(train),
-    c.tok,
-    inputs_len=c.seq_len,
-    targets_len=c.target_len,
-    batch_size=b,
-    train=train,
-    packed=c.cfg.packing,
-    source_key=c.cfg.source_column,
-    target_key=c.cfg.target_column,
-    source_name=c.splits.name,
-    **c.common(),
-  )
-
-
-def _image(c: _Context, train: bool, b: int) -> grain.IterDataset:
-  return pipeline.image_dataset(
-    c.source(train),
-    batch_size=b,
-    train=train,
-    mean=c.image_mean,
-    std=c.image_std,
-    crop_padding=c.cfg.crop_padding,
-    flip=c.cfg.horizontal_flip,
-    label_key=c.label_key,
-    image_size=c.cfg.image_size,
-    **c.common(),
-  )
-
-
-_FAMILIES = {
-  "lm": _lm,
-  "mlm": _mlm,
-  "classification": _classification,
-  "seq2seq": _seq2seq,
-  "image": _image,
-}
+    rows = self.batch_size if train else self.eval_batch_size
+    return self.spec.shapes(rows, self.seq_len, self.target_seq_len, self.image_shape)
 
 
 def make_datasets(
   data_config: DataConfig | Any,
+  spec: DataSpec,
   workdir: str | os.PathLike,
   batch_size: int,
   seq_len: int,
@@ -198,10 +66,11 @@ def make_datasets(
   process_index: int | None = None,
   process_count: int | None = None,
 ) -> tuple[grain.DatasetIterator, Callable[[], Iterator[dict[str, np.ndarray]]], DataInfo]:
-  """Training iterator, evaluation-iterator factory and `DataInfo` for any family.
+  """Training iterator, evaluation-iterator factory and `DataInfo` for a task's batches.
 
   Args:
     data_config: a `DataConfig` or a mapping / ConfigDict of its fields.
+    spec: the task's `DataSpec` (`transformer.tasks.get(name).data_spec(cfg)`).
     workdir: the run directory; trained tokenizers are cached under `workdir/tokenizers`.
     batch_size: global batch size; each host yields `batch_size // process_count` rows.
     seq_len: T (the inputs length S for seq2seq; targets use `target_seq_len` or T).
@@ -229,10 +98,10 @@ def make_datasets(
     if b % count:
       raise ValueError(f"{name} {b} is not divisible by process_count {count}")
   per_host, eval_per_host = batch_size // count, eval_batch // count
-  splits = sources.open_splits(cfg, workdir)
-  c = _Context(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
-  windows = cfg.uses_windows and cfg.kind in ("lm", "mlm")
-  if cfg.kind == "image":
+  splits = sources.open_splits(cfg, workdir, paired=spec.paired, images=spec.images)
+  c = DataContext(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
+  windows = spec.uses_windows(cfg)
+  if spec.images:
     if cfg.image_size:
       splits.image_shape = (cfg.image_size, cfg.image_size, splits.image_shape[-1])
     if None in splits.image_shape:
@@ -240,31 +109,34 @@ def make_datasets(
     c.image_mean, c.image_std, stats = _image_stats(cfg, splits)
   else:
     c.tok = sources.tokenizer_for(cfg, splits, workdir)
-    stats = {} if windows else sources.scan(cfg, splits, c.tok, seq_len, c.target_len)
+    stats = (
+      {} if windows else sources.scan(cfg, splits, c.tok, spec.row_budget, seq_len, c.target_len)
+    )
   if windows:
     c.streams = {
       s: pipeline.token_stream(src, c.tok, c.text_key)
       for s, src in (("train", splits.train), ("eval", splits.eval))
     }
-  family = _FAMILIES[cfg.kind]
-  train_ds, eval_ds = family(c, True, per_host), family(c, False, eval_per_host)
-  if cfg.packing and not windows and cfg.kind in ("lm", "mlm", "seq2seq"):
-    key = "targets_segment_ids" if cfg.kind == "seq2seq" else "segment_ids"
+  train_ds, eval_ds = spec.build(c, True, per_host), spec.build(c, False, eval_per_host)
+  if cfg.packing and not windows and spec.packing_key:
     probe = dataclasses.replace(c, loader=dataclasses.replace(loader, num_workers=0))
-    it = iter(family(probe, True, per_host))
+    it = iter(spec.build(probe, True, per_host))
     stats["packing_efficiency"] = float(
-      np.mean([packing.packing_efficiency(next(it)[key]) for _ in range(_PACKING_PROBE_BATCHES)])
+      np.mean(
+        [packing.packing_efficiency(next(it)[spec.packing_key]) for _ in range(_PROBE_BATCHES)]
+      )
     )
     it.close()
   n_train, n_eval = len(c.source(True)), len(c.source(False))
   if windows:
-    span = seq_len if cfg.kind == "lm" else seq_len - 2
+    span = spec.window(seq_len, c.target_len)
     n_train, n_eval = n_train - span, len(range(0, n_eval - 1, span))
   info = DataInfo(
     config=cfg,
+    spec=spec,
     tokenizer=c.tok,
     vocab_size=c.tok.vocab_size if c.tok else 0,
-    num_classes=len(splits.label_names) if cfg.kind in ("classification", "image") else 0,
+    num_classes=len(splits.label_names) if spec.labelled else 0,
     label_names=splits.label_names,
     image_shape=splits.image_shape,
     batch_size=per_host,
@@ -278,7 +150,7 @@ def make_datasets(
   )
   logging.info(
     "data: %s",
-    {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "tokenizer")},
+    {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "spec", "tokenizer")},
   )
   return _closed_at_exit(iter(train_ds)), lambda: _closed_at_exit(iter(eval_ds)), info
 

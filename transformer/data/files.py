@@ -1,9 +1,13 @@
-"""Reading local source files strictly: text, delimited tables and IDX arrays.
+"""Local files: strict readers (text, delimited tables, IDX arrays) and atomic writes.
 
 Every reader fails loudly with the file (and line, where there is one) in the message:
 `FileNotFoundError` for a missing path, `ValueError` for content that cannot be read
 as promised (undecodable bytes, a malformed row, an empty file, a corrupt IDX header).
 Files ending in `.gz` are decompressed transparently.
+
+`write_atomic(path, data)` is the one way the package replaces a file it writes whole
+(configs, tokenizers, IDX arrays, a truncated metrics log): a killed process leaves the
+old file or the new one, never a partial one.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import gzip
 import hashlib
 import io
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -150,11 +155,28 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
   if array.dtype != np.uint8 or not 1 <= array.ndim <= 255:
     raise ValueError(f"{path}: write_idx takes uint8 arrays, got {array.dtype} {array.shape}")
   header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
+  write_atomic(path, header + np.ascontiguousarray(array).tobytes())
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+  """Writes `data` (a `str` is encoded as UTF-8) to `path` through a temporary file in the
+  same folder and a rename, creating the folder if needed; returns the path.
+
+  A process killed at any moment leaves the previous file (or none) or the complete new
+  one, never a partial one; concurrent writers each write their own temporary file.
+  """
   path = Path(path)
+  if isinstance(data, str):
+    data = data.encode("utf-8")
   path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-  tmp.write_bytes(header + np.ascontiguousarray(array).tobytes())
-  os.replace(tmp, path)
+  tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+  try:
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+  except BaseException:
+    tmp.unlink(missing_ok=True)
+    raise
+  return path
 
 
 def fingerprint(paths: Sequence[Path], *extra: object, content: bool = True) -> str:

@@ -35,22 +35,6 @@ import numpy as np
 from transformer.data import features, packing
 from transformer.data.tokenizers import Tokenizer
 
-BATCH_KEYS = {
-  "lm": ("inputs", "targets", "weights", "segment_ids", "positions"),
-  "mlm": ("inputs", "targets", "weights", "segment_ids", "positions"),
-  "classification": ("inputs", "segment_ids", "positions", "label"),
-  "seq2seq": (
-    "inputs",
-    "targets",
-    "inputs_segment_ids",
-    "targets_segment_ids",
-    "inputs_positions",
-    "targets_positions",
-    "weights",
-  ),
-  "image": ("image", "label"),
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Loader:
@@ -91,22 +75,23 @@ def _with_index(index: int, record: Any) -> tuple[int, Any]:
   return index, record
 
 
-def _records(source: Sequence, loader: Loader) -> grain.MapDataset:
-  """(source index, record) pairs of this host's shard."""
+def records(source: Sequence, loader: Loader) -> grain.MapDataset:
+  """(source index, record) pairs of this host's shard (the building blocks below are public
+  so that a task can assemble its own pipeline)."""
   index, count = loader.host()
   return grain.MapDataset.source(source).map_with_index(_with_index)[index::count]
 
 
-def _shard(ds: grain.MapDataset, loader: Loader) -> grain.MapDataset:
+def shard(ds: grain.MapDataset, loader: Loader) -> grain.MapDataset:
   index, count = loader.host()
   return ds[index::count]
 
 
-def _shuffled(ds: grain.MapDataset, seed: int, loader: Loader) -> grain.MapDataset:
+def shuffled(ds: grain.MapDataset, seed: int, loader: Loader) -> grain.MapDataset:
   return ds.shuffle(derive_seed(seed, "shuffle")).repeat(loader.num_epochs)
 
 
-def _to_iter(ds: grain.MapDataset, loader: Loader) -> grain.IterDataset:
+def to_iter(ds: grain.MapDataset, loader: Loader) -> grain.IterDataset:
   options = grain.ReadOptions(
     num_threads=loader.read_threads, prefetch_buffer_size=loader.read_buffer
   )
@@ -126,7 +111,7 @@ def _prefetched(ds: grain.IterDataset, loader: Loader) -> grain.IterDataset:
   return grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=loader.worker_buffer)
 
 
-def _train_batches(ds: grain.IterDataset, batch_size: int, loader: Loader) -> grain.IterDataset:
+def train_batches(ds: grain.IterDataset, batch_size: int, loader: Loader) -> grain.IterDataset:
   return _prefetched(ds.batch(batch_size, drop_remainder=True), loader)
 
 
@@ -141,7 +126,7 @@ class _PaddedRows:
     return self._ds[i] if i < len(self._ds) else self._pad
 
 
-def _eval_batches(
+def eval_batches(
   rows: grain.MapDataset, total: int, batch_size: int, loader: Loader
 ) -> grain.IterDataset:
   """Batches of this host's `rows` (its shard of `total`), padded to the same count on all hosts."""
@@ -150,7 +135,7 @@ def _eval_batches(
   if not len(rows):
     raise ValueError("evaluation split is empty")
   padded = grain.MapDataset.range(num_batches * batch_size).map(_PaddedRows(rows, rows[0]))
-  return _prefetched(_to_iter(padded.batch(batch_size), loader), loader)
+  return _prefetched(to_iter(padded.batch(batch_size), loader), loader)
 
 
 def token_stream(
@@ -167,7 +152,7 @@ def token_stream(
   return tokenizer.encode_array(text)
 
 
-def _windows(tokens: np.ndarray, span: int, train: bool, name: str) -> grain.MapDataset:
+def window_starts(tokens: np.ndarray, span: int, train: bool, name: str) -> grain.MapDataset:
   """Window start indices: every start (train), or contiguous non-overlapping (eval)."""
   if len(tokens) < span + 1:
     raise ValueError(f"{name}: {len(tokens)} tokens are too few for windows of {span + 1}")
@@ -186,13 +171,13 @@ def _finish_examples(
   loader: Loader,
 ) -> grain.IterDataset:
   """Training tail for variable-length examples: skip Nones, pack or pad, finalize, batch."""
-  it = _to_iter(ds, loader)  # Drops the None of skipped examples.
+  it = to_iter(ds, loader)  # Drops the None of skipped examples.
   if packed:
     bins = loader.packing_bins or batch_size
     it = packing.pack(it, lengths, bins, seed=derive_seed(seed, "pack")).map(finalize)
   else:
     it = it.map(_Pad(lengths)).map(finalize)
-  return _train_batches(it, batch_size, loader)
+  return train_batches(it, batch_size, loader)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,7 +188,7 @@ class _Pad:
     return packing.pad_example(ex, self.lengths)
 
 
-def _eval_policy(loader: Loader) -> str:
+def eval_policy(loader: Loader) -> str:
   return "truncate" if loader.overlong == "skip" else loader.overlong  # Eval sees every example.
 
 
@@ -221,7 +206,7 @@ def lm_dataset(
   source_name: str = "",
   loader: Loader = Loader(),
 ) -> grain.IterDataset:
-  """Decoder-only LM batches (keys `BATCH_KEYS['lm']`).
+  """Decoder-only LM batches (keys inputs, targets, weights, segment_ids, positions).
 
   `windows=True`: the split is one token stream (`source` may be that stream, int32
   [N]); training samples windows of T + 1 tokens at every start (nanoGPT), evaluation
@@ -230,25 +215,25 @@ def lm_dataset(
   """
   if windows:
     tokens = token_stream(source, tokenizer, text_key)
-    starts = _windows(tokens, seq_len, train, source_name)
+    starts = window_starts(tokens, seq_len, train, source_name)
     if not train:
-      return _eval_batches(
-        _shard(starts, loader).map(features.Windows(tokens, seq_len)),
+      return eval_batches(
+        shard(starts, loader).map(features.Windows(tokens, seq_len)),
         len(starts),
         batch_size,
         loader,
       )
     # Shuffle, then deal windows to hosts: the global batch is the same set of windows
     # whatever the number of processes (multi-host runs reproduce single-host losses).
-    ds = _shard(_shuffled(starts, seed, loader), loader).map(features.Windows(tokens, seq_len))
-    return _train_batches(_to_iter(ds, loader), batch_size, loader)
+    ds = shard(shuffled(starts, seed, loader), loader).map(features.Windows(tokens, seq_len))
+    return train_batches(to_iter(ds, loader), batch_size, loader)
   lengths = {"inputs": seq_len, "targets": seq_len}
   if not train:
-    example = features.LMExample(tokenizer, seq_len, text_key, _eval_policy(loader), source_name)
-    rows = _records(source, loader).map(example).map(_Pad(lengths)).map(features.lm_batch_features)
-    return _eval_batches(rows, len(source), batch_size, loader)
+    example = features.LMExample(tokenizer, seq_len, text_key, eval_policy(loader), source_name)
+    rows = records(source, loader).map(example).map(_Pad(lengths)).map(features.lm_batch_features)
+    return eval_batches(rows, len(source), batch_size, loader)
   example = features.LMExample(tokenizer, seq_len, text_key, loader.overlong, source_name)
-  ds = _shuffled(_records(source, loader), seed, loader).map(example)
+  ds = shuffled(records(source, loader), seed, loader).map(example)
   return _finish_examples(ds, lengths, features.lm_batch_features, batch_size, packed, seed, loader)
 
 
@@ -268,7 +253,8 @@ def mlm_dataset(
   source_name: str = "",
   loader: Loader = Loader(),
 ) -> grain.IterDataset:
-  """Masked-LM batches (keys `BATCH_KEYS['mlm']`); rows are [CLS] text [SEP] segments.
+  """Masked-LM batches (keys inputs, targets, weights, segment_ids, positions); rows are
+  [CLS] text [SEP] segments.
 
   Masks are drawn per row after packing; evaluation masks are fixed by `seed`.
   `windows=True` cuts the token stream (`source` may be that stream, int32 [N]) into
@@ -279,30 +265,30 @@ def mlm_dataset(
   mask_seed = derive_seed(seed, "mask")
   if windows:
     tokens = token_stream(source, tokenizer, text_key)
-    starts = _windows(tokens, seq_len - 2, train, source_name)
-    ds = _shard(starts, loader)
-    ds = _shuffled(ds, seed, loader) if train else ds
+    starts = window_starts(tokens, seq_len - 2, train, source_name)
+    ds = shard(starts, loader)
+    ds = shuffled(ds, seed, loader) if train else ds
     rows = (
       ds.map(features.MLMWindow(tokens, seq_len))
       .map(_Pad(lengths))
       .random_map(mask, seed=mask_seed)
     )
     if not train:
-      return _eval_batches(rows, len(starts), batch_size, loader)
-    return _train_batches(_to_iter(rows, loader), batch_size, loader)
+      return eval_batches(rows, len(starts), batch_size, loader)
+    return train_batches(to_iter(rows, loader), batch_size, loader)
   if not train:
-    example = features.MLMExample(tokenizer, seq_len, text_key, _eval_policy(loader), source_name)
-    rows = _records(source, loader).map(example).map(_Pad(lengths)).random_map(mask, seed=mask_seed)
-    return _eval_batches(rows, len(source), batch_size, loader)
+    example = features.MLMExample(tokenizer, seq_len, text_key, eval_policy(loader), source_name)
+    rows = records(source, loader).map(example).map(_Pad(lengths)).random_map(mask, seed=mask_seed)
+    return eval_batches(rows, len(source), batch_size, loader)
   example = features.MLMExample(tokenizer, seq_len, text_key, loader.overlong, source_name)
-  it = _to_iter(_shuffled(_records(source, loader), seed, loader).map(example), loader)
+  it = to_iter(shuffled(records(source, loader), seed, loader).map(example), loader)
   if packed:
     it = packing.pack(
       it, lengths, loader.packing_bins or batch_size, seed=derive_seed(seed, "pack")
     )
   else:
     it = it.map(_Pad(lengths))
-  return _train_batches(it.random_map(mask, seed=mask_seed), batch_size, loader)
+  return train_batches(it.random_map(mask, seed=mask_seed), batch_size, loader)
 
 
 def classification_dataset(
@@ -318,13 +304,13 @@ def classification_dataset(
   source_name: str = "",
   loader: Loader = Loader(),
 ) -> grain.IterDataset:
-  """Text classification batches (keys `BATCH_KEYS['classification']`), one text per row."""
-  policy = loader.overlong if train else _eval_policy(loader)
+  """Text classification batches (keys inputs, segment_ids, positions, label), one text per row."""
+  policy = loader.overlong if train else eval_policy(loader)
   example = features.Classification(tokenizer, seq_len, text_key, label_key, policy, source_name)
   if not train:
-    return _eval_batches(_records(source, loader).map(example), len(source), batch_size, loader)
-  ds = _shuffled(_records(source, loader), seed, loader).map(example)
-  return _train_batches(_to_iter(ds, loader), batch_size, loader)
+    return eval_batches(records(source, loader).map(example), len(source), batch_size, loader)
+  ds = shuffled(records(source, loader), seed, loader).map(example)
+  return train_batches(to_iter(ds, loader), batch_size, loader)
 
 
 def seq2seq_dataset(
@@ -342,22 +328,21 @@ def seq2seq_dataset(
   source_name: str = "",
   loader: Loader = Loader(),
 ) -> grain.IterDataset:
-  """Encoder-decoder batches (keys `BATCH_KEYS['seq2seq']`); one shared tokenizer.
+  """Encoder-decoder batches (keys inputs, inputs_segment_ids, inputs_positions, targets,
+  targets_segment_ids, targets_positions, weights); one shared tokenizer.
 
   Training packs inputs and targets jointly (example k of a row is segment k on both
   sides); evaluation keeps one pair per row so outputs can be decoded per example.
   """
   lengths = {"inputs": inputs_len, "targets": targets_len}
-  policy = loader.overlong if train else _eval_policy(loader)
+  policy = loader.overlong if train else eval_policy(loader)
   pair = features.Translation(
     tokenizer, inputs_len, targets_len, source_key, target_key, policy, source_name
   )
   if not train:
-    rows = (
-      _records(source, loader).map(pair).map(_Pad(lengths)).map(features.seq2seq_batch_features)
-    )
-    return _eval_batches(rows, len(source), batch_size, loader)
-  ds = _shuffled(_records(source, loader), seed, loader).map(pair)
+    rows = records(source, loader).map(pair).map(_Pad(lengths)).map(features.seq2seq_batch_features)
+    return eval_batches(rows, len(source), batch_size, loader)
+  ds = shuffled(records(source, loader), seed, loader).map(pair)
   return _finish_examples(
     ds, lengths, features.seq2seq_batch_features, batch_size, packed, seed, loader
   )
@@ -378,7 +363,7 @@ def image_dataset(
   image_size: int | None = None,
   loader: Loader = Loader(),
 ) -> grain.IterDataset:
-  """Image classification batches (keys `BATCH_KEYS['image']`); augmentation when training.
+  """Image classification batches (keys image, label); augmentation when training.
 
   `image_size` first resizes (shorter side) and centre-crops every image to a square,
   for datasets whose images differ in size.
@@ -387,7 +372,7 @@ def image_dataset(
     tuple(mean), tuple(std), crop_padding, flip, image_key, label_key, image_size
   )
   if not train:
-    return _eval_batches(_records(source, loader).map(transform), len(source), batch_size, loader)
-  ds = _shuffled(_records(source, loader), seed, loader)
+    return eval_batches(records(source, loader).map(transform), len(source), batch_size, loader)
+  ds = shuffled(records(source, loader), seed, loader)
   ds = ds.random_map(transform, seed=derive_seed(seed, "augment"))
-  return _train_batches(_to_iter(ds, loader), batch_size, loader)
+  return train_batches(to_iter(ds, loader), batch_size, loader)

@@ -13,7 +13,7 @@ import logging
 import os
 import re
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,15 +39,22 @@ class Splits:
   text_keys: tuple[str, ...] = ("text",)
 
 
-def open_splits(cfg: DataConfig, workdir: str | os.PathLike | None = None) -> Splits:
+def open_splits(
+  cfg: DataConfig,
+  workdir: str | os.PathLike | None = None,
+  *,
+  paired: bool = False,
+  images: bool = False,
+) -> Splits:
   """Prepares (local builders) or opens (TFDS names) the two splits as data sources.
 
   `workdir` holds files a source writes at first use (`sklearn_digits`: IDX files in
-  `workdir/datasets/sklearn_digits/`).
+  `workdir/datasets/sklearn_digits/`). `paired`: the task reads (source, target) text
+  columns; `images`: it reads the `image` feature.
   """
   path, d = cfg.resolved_path(), cfg.data_dir
   if cfg.source == "tfds":
-    return _open_tfds(cfg)
+    return _open_tfds(cfg, paired, images)
   if cfg.source == "text":
     b = builders.text_corpus(
       path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction
@@ -104,7 +111,7 @@ def _split(builder: Any, split: str, name: str) -> Sequence:
   return builder.as_data_source(split=split)
 
 
-def _open_tfds(cfg: DataConfig) -> Splits:
+def _open_tfds(cfg: DataConfig, paired: bool, images: bool) -> Splits:
   import tensorflow_datasets as tfds
 
   try:
@@ -120,16 +127,14 @@ def _open_tfds(cfg: DataConfig) -> Splits:
     ) from e
   feats = builder.info.features
   label = feats[cfg.label_column] if cfg.label_column in feats else None
-  text_keys = (
-    (cfg.source_column, cfg.target_column) if cfg.kind == "seq2seq" else (cfg.text_column,)
-  )
+  text_keys = (cfg.source_column, cfg.target_column) if paired else (cfg.text_column,)
   return Splits(
     train=train,
     eval=eval_,
     name=cfg.path,
     key=cfg.path,
     label_names=tuple(getattr(label, "names", None) or ()),
-    image_shape=tuple(feats["image"].shape) if cfg.kind == "image" else None,
+    image_shape=tuple(feats["image"].shape) if images else None,
     text_keys=text_keys,
   )
 
@@ -198,27 +203,26 @@ def find_tokenizer(where: str | os.PathLike, filename: str, key: str = "") -> Pa
 
 
 def scan(
-  cfg: DataConfig, splits: Splits, tok: Tokenizer, seq_len: int, target_len: int
+  cfg: DataConfig,
+  splits: Splits,
+  tok: Tokenizer,
+  row_budget: Callable[[list[int], int, int], list[tuple[int, int]]] | None,
+  seq_len: int,
+  target_len: int,
 ) -> dict[str, Any]:
-  """Counts overlong examples in a sample of each split (raises under 'error')."""
-  extra = {"lm": 2, "mlm": 2, "classification": 1}  # BOS+EOS, CLS+SEP, CLS
-  limits = {"lm": seq_len + 1, "mlm": seq_len, "classification": seq_len}
+  """Counts overlong examples in a sample of each split (raises under 'error').
+
+  `row_budget(token_counts, seq_len, target_len)` is the task's rule: for the token counts
+  of a record's text columns, the (tokens needed, row limit) pairs it must satisfy.
+  """
   stats: dict[str, Any] = {}
   for split, source in (("train", splits.train), ("eval", splits.eval)):
     over, seen = 0, 0
     for i, record in features.read_records(source, spaced(source, cfg.scan_examples)):
-      if cfg.kind == "seq2seq":
-        sizes = [
-          (len(tok.encode_array(features.text_of(record, k))) + 1, n)
-          for k, n in ((cfg.source_column, seq_len), (cfg.target_column, target_len))
-        ]
-      else:
-        sizes = [
-          (
-            len(tok.encode_array(features.text_of(record, splits.text_keys[0]))) + extra[cfg.kind],
-            limits[cfg.kind],
-          )
-        ]
+      if row_budget is None:
+        break
+      counts = [len(tok.encode_array(features.text_of(record, k))) for k in splits.text_keys]
+      sizes = row_budget(counts, seq_len, target_len)
       seen += 1
       if any(n > limit for n, limit in sizes):
         over += 1

@@ -13,10 +13,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.nn.attention import MaskInfo, MultiHeadAttention
+from transformer.nn.attention import MultiHeadAttention
 from transformer.nn.config import ModelConfig
-from transformer.nn.layers import Dropout, FeedForward, make_norm
+from transformer.nn.layers import FeedForward, make_dropout, make_norm
+from transformer.nn.masks import MaskInfo
 from transformer.nn.partitioning import constrain
+from transformer.nn.positions import position_for
 
 REMAT_POLICIES = {
   "full": None,  # save nothing, recompute the whole block
@@ -27,7 +29,7 @@ REMAT_POLICIES = {
 
 def residual(config: ModelConfig, x: jax.Array, sublayer, norm_name: str, deterministic: bool):
   """Pre-LN: x + drop(f(norm(x))). Post-LN (Vaswani et al.): norm(x + drop(f(x)))."""
-  drop = Dropout(config.dropout_rate)
+  drop = make_dropout(config)
   if config.norm_position == "pre":
     return x + drop(sublayer(make_norm(config, norm_name)(x)), deterministic=deterministic)
   return make_norm(config, norm_name)(x + drop(sublayer(x), deterministic=deterministic))
@@ -46,16 +48,19 @@ class Block(nn.Module):
     info: MaskInfo,
     encoded: jax.Array | None = None,
     cross_info: MaskInfo | None = None,
-    rel_table: jax.Array | None = None,
+    position_table: jax.Array | None = None,
     deterministic: bool = True,
     decode: bool = False,
   ) -> jax.Array:
-    """x: [B, T, D]; encoded: [B, S, D] for cross-attention. Returns [B, T, D]."""
+    """x: [B, T, D]; encoded: [B, S, D] for cross-attention. Returns [B, T, D].
+
+    position_table: the stack's shared position table (`Position.shared_table`), or None.
+    """
     c = self.config
 
     def self_attention(h):
       attn = MultiHeadAttention(c, name="self_attention")
-      return attn(h, None, info, rel_table, deterministic, decode)
+      return attn(h, None, info, position_table, deterministic, decode)
 
     x = residual(c, x, self_attention, "self_attention_norm", deterministic)
     if self.cross_attention:
@@ -83,7 +88,8 @@ class _ScanBlock(nn.Module):
 
 
 class Stack(nn.Module):
-  """`num_layers` blocks (unrolled or nn.scan), the final norm for pre-LN, T5 bias table."""
+  """`num_layers` blocks (unrolled or nn.scan), the final norm for pre-LN, and the position
+  table the layers share (T5's relative bias)."""
 
   config: ModelConfig
   num_layers: int
@@ -101,16 +107,12 @@ class Stack(nn.Module):
   ) -> jax.Array:
     """x: [B, T, D] -> [B, T, D]."""
     c = self.config
-    rel_table = None
-    if c.position == "relative_t5":  # One table per stack, shared by its layers (T5).
-      rel_table = self.param(
-        "rel_embedding", nn.initializers.normal(0.02), (c.relative_num_buckets, c.num_heads)
-      )
+    position_table = position_for(c).shared_table(self)  # one per stack, or None
     block = Block
     if c.remat_policy != "none":
       # Argument 0 is the module; deterministic (6) and decode (7) are Python bools.
       block = nn.remat(block, policy=REMAT_POLICIES[c.remat_policy], static_argnums=(6, 7))
-    args = (info, encoded, cross_info, rel_table, deterministic, decode)
+    args = (info, encoded, cross_info, position_table, deterministic, decode)
     if c.scan_layers:
       scanned = nn.scan(
         _ScanBlock,

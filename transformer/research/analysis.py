@@ -228,44 +228,8 @@ def write_heatmaps(
 # A trained run.
 
 
-def batch_masks(kind: str, batch: Mapping[str, Any]) -> MaskFn:
-  """Valid queries and keys of each attention module for a batch of this data kind."""
-
-  def valid(key):
-    return np.asarray(batch[key]) > 0
-
-  def masks(name: str):
-    if kind == "image":
-      return None, None
-    if kind == "seq2seq":
-      source, target = valid("inputs_segment_ids"), valid("targets_segment_ids")
-      if name.startswith("encoder"):
-        return source, source
-      return (target, source) if name.endswith("cross_attention") else (target, target)
-    return valid("segment_ids"), valid("segment_ids")
-
-  return masks
-
-
-def _text_batch(kind: str, tokenizer, text: str, max_len: int) -> dict[str, np.ndarray]:
-  if kind not in ("lm", "mlm", "classification"):
-    raise ValueError(f"text input is for token models (lm, mlm, classification); not {kind!r}")
-  tokens = np.asarray(tokenizer.encode(text), np.int32)[None, :max_len]  # [1, T]
-  if tokens.shape[1] == 0:
-    raise ValueError(f"text {text!r} encodes to no tokens")
-  ones = np.ones_like(tokens)
-  return {
-    "inputs": tokens,
-    "targets": tokens,
-    "positions": np.arange(tokens.shape[1], dtype=np.int32)[None],
-    "segment_ids": ones,
-    "weights": ones.astype(np.float32),
-    "label": np.zeros((1,), np.int32),
-  }
-
-
 class _Recorder:
-  """Stands in for the model in `tasks.FORWARD`: `apply` also records the weights."""
+  """Stands in for the model in `Task.forward`: `apply` also records the weights."""
 
   def __init__(self, model: nn.Module):
     self.model = model
@@ -286,39 +250,26 @@ def analyze(
   and head) and DIR/attention_step_<N>/<module>.png (heatmaps of the first row).
   Returns {'step', 'rows', 'markdown', 'json', 'heatmaps'}.
   """
-  from transformer.eval import evaluate as eval_lib  # the training stack: only needed here
-  from transformer.tasks.registry import FORWARD
+  from transformer.eval.evaluate import restore  # the training stack: only needed here
 
   workdir = os.path.abspath(workdir)
-  setup, state, step = eval_lib.restore(workdir, step)
-  kind = setup.exp.data.kind
+  setup, state, step = restore(workdir, step)
+  task = setup.exp.task
   tokenizer = getattr(setup.info, "tokenizer", None)
   if text is not None:
-    batch = _text_batch(kind, tokenizer, text, setup.model_cfg.max_len)
+    batch = task.text_batch(tokenizer, text, setup.model_cfg.max_len)
   else:
     batch = next(iter(setup.eval_factory()), None)
     if batch is None:
       raise ValueError("the evaluation split produced no batches")
     batch = {k: np.asarray(v)[:examples] for k, v in batch.items()}
   recorder = _Recorder(setup.model)
-  FORWARD[kind](recorder, {"params": state.params}, batch, True, {})
-  masks = batch_masks(kind, batch)
+  task.forward(recorder, {"params": state.params}, batch, True, {})
+  masks = task.attention_masks(batch)
   rows = statistics_table(recorder.maps, masks)
   markdown = to_markdown(rows)
 
-  labels = None
-  if tokenizer is not None and kind != "image":
-
-    def token_labels(key):
-      return [tokenizer.decode([int(i)]) or "·" for i in np.asarray(batch[key])[0]]
-
-    def labels(name):
-      if kind != "seq2seq":
-        return token_labels("inputs"), token_labels("inputs")
-      if name.startswith("encoder"):
-        return token_labels("inputs"), token_labels("inputs")
-      return None, token_labels("inputs") if name.endswith("cross_attention") else None
-
+  labels = task.attention_labels(batch, tokenizer) if tokenizer is not None else None
   stem = os.path.join(workdir, f"attention_step_{step}")
   heatmaps = write_heatmaps(recorder.maps, stem, masks, labels=labels)
   source = "text" if text is not None else f"eval batch ({len(batch[next(iter(batch))])} rows)"

@@ -26,10 +26,10 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer.nn.attention import MaskInfo
 from transformer.nn.blocks import Stack
 from transformer.nn.config import ModelConfig
-from transformer.nn.positional import sinusoidal_table
+from transformer.nn.masks import MaskInfo
+from transformer.nn.positions import sinusoidal_table
 
 POSITIONS = ("none", "sinusoidal", "rope")  # rope: applied inside attention, for comparison
 

@@ -21,18 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from transformer.nn.positional import sinusoidal_table
-from transformer.train.metric_writers import JSONL_NAME, plot_curves
-
-
-def _figure(width_px: int, height_px: int, dpi: int = 100):
-  """A Figure of exactly width_px x height_px pixels on its own Agg canvas."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-
-  fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
-  FigureCanvasAgg(fig)
-  return fig
+from transformer.nn.positions import sinusoidal_table
+from transformer.train.metric_writers import JSONL_NAME, plot_curves, png_figure, save_png
 
 
 def _check_png(out_png: str | os.PathLike) -> str:
@@ -56,13 +46,12 @@ def posenc_heatmap(
     raise ValueError(f"need an even d_model >= 2 and length >= 1; got {d_model}, {length}")
   out_png = _check_png(out_png)
   table = sinusoidal_table(length, d_model)  # [L, D]
-  fig = _figure(width_px, height_px)
+  fig = png_figure(width_px, height_px)
   ax = fig.subplots()
   image = ax.imshow(table, aspect="auto", cmap="RdBu", vmin=-1.0, vmax=1.0)
   ax.set(xlabel="feature (even: sin, odd: cos)", ylabel="position", title="sinusoidal encoding")
   fig.colorbar(image, ax=ax)
-  fig.savefig(out_png)
-  return out_png
+  return save_png(fig, out_png)
 
 
 def metrics_path(run: str | os.PathLike) -> str:
@@ -114,7 +103,7 @@ def attention_heatmaps(
   n = weights.shape[0]
   cols = min(n, 4)
   rows = math.ceil(n / cols)
-  fig = _figure(cols * panel_px, rows * panel_px + 40)
+  fig = png_figure(cols * panel_px, rows * panel_px + 40)
   axes = np.atleast_1d(fig.subplots(rows, cols, squeeze=False)).ravel()
   for head, ax in enumerate(axes):
     if head >= n:
@@ -129,8 +118,7 @@ def attention_heatmaps(
       ax.set_yticks(range(len(query_labels)), list(query_labels))
   if title:
     fig.suptitle(title, fontsize=9)
-  fig.savefig(out_png)
-  return out_png
+  return save_png(fig, out_png)
 
 
 def confusion(counts: np.ndarray, names: Sequence[str], out_png: str | os.PathLike) -> str:

@@ -26,6 +26,7 @@ import argparse
 import csv
 import importlib.util
 import inspect
+import io
 import os
 import re
 import shlex
@@ -35,7 +36,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from transformer.train.metric_writers import JSONL_NAME, read_jsonl
+from transformer.data.files import write_atomic
+from transformer.train.metric_writers import (
+  JSONL_NAME,
+  plot_curves,
+  png_figure,
+  read_jsonl,
+  save_png,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TRAIN_PY = os.path.join(REPO, "train.py")
@@ -138,8 +146,7 @@ def run_points(
       log.close()
       del running[name]
       if rc == 0:
-        with open(os.path.join(point_dir, DONE), "w", encoding="utf-8") as f:
-          f.write(f"{time.time():.0f}\n")
+        write_atomic(os.path.join(point_dir, DONE), f"{time.time():.0f}\n")
         status[name] = "done"
       else:
         status[name] = f"failed (rc {rc})"
@@ -172,10 +179,12 @@ def _columns(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: str) -> str:
-  with open(path, "w", newline="", encoding="utf-8") as f:
-    writer = csv.DictWriter(f, fieldnames=_columns(rows), restval="")
-    writer.writeheader()
-    writer.writerows(rows)
+  """The rows as a CSV file (one column per key seen, blank where a row lacks it)."""
+  text = io.StringIO(newline="")
+  writer = csv.DictWriter(text, fieldnames=_columns(rows), restval="")
+  writer.writeheader()
+  writer.writerows(rows)
+  write_atomic(path, text.getvalue())
   return path
 
 
@@ -200,15 +209,11 @@ def plot_metric(
 ) -> str | None:
   """Final eval `metric` per point: against the swept value when one numeric key varies
   (log x when it spans 100x or more), else one bar per point. None when no point has it."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-
   key = f"eval_{metric}"
   done = [r for r in rows if isinstance(r.get(key), (int, float))]
   if not done:
     return None
-  fig = Figure(figsize=(width_px / 100, height_px / 100), dpi=100)
-  FigureCanvasAgg(fig)
+  fig = png_figure(width_px, height_px)
   ax = fig.subplots()
   xs = [r.get(swept[0]) for r in done] if len(swept) == 1 else []
   if xs and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
@@ -225,8 +230,7 @@ def plot_metric(
   ax.set(ylabel=f"final eval {metric}", title=f"final eval {metric} per point")
   ax.grid(alpha=0.3)
   fig.tight_layout()
-  fig.savefig(out_png)
-  return out_png
+  return save_png(fig, out_png)
 
 
 def write_results(
@@ -236,8 +240,6 @@ def write_results(
   metric: str = "loss",
 ) -> dict[str, Any]:
   """results.csv, results.md, sweep.png and curves.png in `workdir`; returns the paths."""
-  from transformer.train.metric_writers import plot_curves
-
   rows = results_table(workdir, points, status)
   swept = [k for k in dict.fromkeys(k for p in points for k in p)]
   varying = [k for k in swept if len({repr(p.get(k)) for p in points}) > 1]
@@ -246,8 +248,7 @@ def write_results(
     "csv": write_csv(rows, os.path.join(workdir, "results.csv")),
     "markdown": os.path.join(workdir, "results.md"),
   }
-  with open(out["markdown"], "w", encoding="utf-8") as f:
-    f.write(to_markdown(rows) + "\n")
+  write_atomic(out["markdown"], to_markdown(rows) + "\n")
   out["plot"] = plot_metric(rows, varying or swept, metric, os.path.join(workdir, "sweep.png"))
   runs = [r["point"] for r in rows if os.path.isfile(os.path.join(workdir, r["point"], JSONL_NAME))]
   out["curves"] = None

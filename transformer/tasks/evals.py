@@ -1,6 +1,6 @@
-"""Generation- and prediction-based evaluation: text samples, BLEU, confusion matrices.
+"""Evaluations the tasks offer: text samples, corpus BLEU, confusion matrices.
 
-Used by `eval.py` (through `eval_lib`) and by the training loop's periodic evaluation.
+Each task's `during_training` / `after_training` / `evaluate` calls these.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import sacrebleu
 
-from transformer import decode as decoding
-from transformer.tasks.registry import FORWARD
+from transformer import decode
+from transformer.data.tokenizers import EOS_ID, PAD_ID
 
 
 def sample_texts(
@@ -35,7 +35,7 @@ def sample_texts(
   rows = check_prompts(tokenizer, prompts, max_new_tokens, model.config.max_len)
   rows = [r for r in rows for _ in range(num_samples)]
   texts = [p for p in prompts for _ in range(num_samples)]
-  out = decoding.generate(
+  out = decode.generate(
     model,
     params,
     rows,
@@ -74,11 +74,11 @@ def check_prompts(tokenizer: Any, prompts: list[str], max_new_tokens: int, max_l
 
 
 def _strip(ids: np.ndarray) -> list[int]:
-  """Token ids up to the first EOS (2), without padding."""
+  """Token ids up to the first EOS, without padding."""
   ids = [int(i) for i in ids]
-  if 2 in ids:
-    ids = ids[: ids.index(2)]
-  return [i for i in ids if i != 0]
+  if EOS_ID in ids:
+    ids = ids[: ids.index(EOS_ID)]
+  return [i for i in ids if i != PAD_ID]
 
 
 def bleu(
@@ -106,7 +106,7 @@ def bleu(
     if not keep.any():
       continue
     inputs = batch["inputs"][keep]
-    out = decoding.translate(
+    out = decode.translate(
       model,
       params,
       inputs,
@@ -130,12 +130,14 @@ def bleu(
 
 
 def confusion_matrix(
-  model: nn.Module, params: Any, kind: str, eval_iter: Iterable[dict], max_batches: int = 0
+  model: nn.Module, params: Any, forward, eval_iter: Iterable[dict], max_batches: int = 0
 ) -> np.ndarray:
-  """counts[true, predicted] over the evaluation batches (padded rows, label -1, excluded)."""
-  predict = jax.jit(
-    lambda p, b: jnp.argmax(FORWARD[kind](model, {"params": p}, b, True, {})[0], axis=-1)
-  )
+  """counts[true, predicted] over the evaluation batches (padded rows, label -1, excluded).
+
+  `forward(model, variables, batch, deterministic, rngs) -> (logits [B, C], ...)` is the
+  task's forward pass (`Task.forward`).
+  """
+  predict = jax.jit(lambda p, b: jnp.argmax(forward(model, {"params": p}, b, True, {})[0], axis=-1))
   n = model.config.num_classes
   counts = np.zeros((n, n), np.int64)
   for i, batch in enumerate(eval_iter):
@@ -172,3 +174,19 @@ def write_confusion(counts: np.ndarray, names: list[str], path_png: str) -> str:
   lines = [header, "|" + "---|" * (n + 1)]
   lines += [f"| {names[t]} | " + " | ".join(str(c) for c in counts[t]) + " |" for t in range(n)]
   return "\n".join(lines)
+
+
+def text_batch(tokenizer: Any, text: str, max_len: int) -> dict[str, np.ndarray]:
+  """A one-row batch of `text` (every token-model key) for attention analysis."""
+  tokens = np.asarray(tokenizer.encode(text), np.int32)[None, :max_len]  # [1, T]
+  if tokens.shape[1] == 0:
+    raise ValueError(f"text {text!r} encodes to no tokens")
+  ones = np.ones_like(tokens)
+  return {
+    "inputs": tokens,
+    "targets": tokens,
+    "positions": np.arange(tokens.shape[1], dtype=np.int32)[None],
+    "segment_ids": ones,
+    "weights": ones.astype(np.float32),
+    "label": np.zeros((1,), np.int32),
+  }

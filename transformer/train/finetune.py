@@ -19,6 +19,7 @@ import jax.numpy as jnp
 
 from transformer.data.datasets import DataInfo
 from transformer.data.tokenizers import tokenizer_filename
+from transformer.nn import tree
 from transformer.train import checkpoints
 
 
@@ -32,11 +33,11 @@ def load_init_from(path: str, params: Any) -> Any:
     if step is None:
       raise ValueError(f"config.init_from={path!r}: no checkpoint found in {ckpt_dir}")
     source = mgr.restore_numpy(step)["params"]
-  flat_src = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
+  flat_src = {tree.path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
   copied = []
 
   def take(keypath, leaf):
-    key = jax.tree_util.keystr(keypath)
+    key = tree.path_str(keypath)
     src = flat_src.get(key)
     if src is not None and tuple(src.shape) == tuple(leaf.shape):
       copied.append(key)

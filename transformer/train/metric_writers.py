@@ -14,12 +14,14 @@ Resuming: `MetricWriter(..., resume_step=s)` drops JSONL lines with step > s
 continues both logs without duplicates.
 
 `plot_curves(jsonl_paths, out_png)` draws loss (train and eval) and learning rate
-against step, several runs overlaid.
+against step, several runs overlaid; `png_figure` and `save_png` are the pixel-exact Agg
+figure and atomic PNG write shared with the research plots.
 """
 
 from __future__ import annotations
 
 import datetime
+import io
 import json
 import logging
 import math
@@ -236,11 +238,7 @@ def plot_curves(
     if not _is_int(value) or value < 1:
       raise ValueError(f"{name} must be an int >= 1; got {value!r}")
 
-  from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg, no global backend
-  from matplotlib.figure import Figure
-
-  fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
-  FigureCanvasAgg(fig)
+  fig = png_figure(width_px, height_px, dpi)
   loss_ax, lr_ax = fig.subplots(1, 2)
   for index, (path, label) in enumerate(zip(paths, labels, strict=True)):
     color = f"C{index % 10}"
@@ -259,7 +257,25 @@ def plot_curves(
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize="small")
   fig.tight_layout()
-  fig.savefig(os.fspath(out_png), dpi=dpi)
+  return save_png(fig, out_png)
+
+
+def png_figure(width_px: int, height_px: int, dpi: int = 100) -> Any:
+  """A matplotlib `Figure` of exactly `width_px` x `height_px` pixels on its own Agg canvas
+  (no display, no global backend)."""
+  from matplotlib.backends.backend_agg import FigureCanvasAgg
+  from matplotlib.figure import Figure
+
+  fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+  FigureCanvasAgg(fig)
+  return fig
+
+
+def save_png(fig: Any, out_png: str | os.PathLike) -> str:
+  """Writes `fig` as a PNG at its own size and dpi, atomically; returns the path."""
+  buffer = io.BytesIO()
+  fig.savefig(buffer, format="png", dpi=fig.dpi)
+  write_atomic(out_png, buffer.getvalue())
   return os.fspath(out_png)
 
 

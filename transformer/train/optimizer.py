@@ -24,6 +24,7 @@ train step (one `update` per accumulated batch), not here.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,23 +33,45 @@ import jax.numpy as jnp
 import optax
 from flax.core import meta
 
+from transformer.nn import tree
 from transformer.train import schedules
 
 KINDS = ("adamw", "sgd", "adafactor")
 
-# Field -> default. Fields of a schedule block (`schedules.FIELDS`, `kind` aside) may sit in
-# the same block and are ignored here.
-DEFAULTS: dict[str, Any] = {
-  "kind": "adamw",  # adamw | sgd | adafactor
-  "b1": 0.9,  # adamw first-moment decay
-  "b2": 0.98,  # adamw second-moment decay (Vaswani et al. 2017)
-  "eps": 1e-9,  # adamw denominator epsilon, outside the sqrt
-  "weight_decay": 0.0,  # decoupled decay coefficient (multiplied by the learning rate)
-  "clip_norm": 0.0,  # clip gradients to this global L2 norm; 0 = no clipping
-  "decay_embeddings": False,  # also decay embedding tables
-  "momentum": 0.9,  # sgd momentum (0 = plain sgd)
-  "nesterov": False,  # sgd Nesterov momentum
-}
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """The optimizer block of an experiment config. Invalid values raise `ValueError`."""
+
+  kind: str = "adamw"  # adamw | sgd | adafactor
+  b1: float = 0.9  # adamw first-moment decay
+  b2: float = 0.98  # adamw second-moment decay (Vaswani et al. 2017)
+  eps: float = 1e-9  # adamw denominator epsilon, outside the sqrt
+  weight_decay: float = 0.0  # decoupled decay coefficient (multiplied by the learning rate)
+  clip_norm: float = 0.0  # clip gradients to this global L2 norm; 0 = no clipping
+  decay_embeddings: bool = False  # also decay embedding tables
+  momentum: float = 0.9  # sgd momentum (0 = plain sgd)
+  nesterov: bool = False  # sgd Nesterov momentum
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"kind must be one of {list(KINDS)}; got {self.kind!r}")
+    for name, lo, hi in (("b1", 0.0, 1.0), ("b2", 0.0, 1.0), ("momentum", 0.0, 1.0)):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < hi:
+        raise ValueError(f"{name} must be a number in [{lo}, {hi}); got {value!r}")
+    if isinstance(self.eps, bool) or not isinstance(self.eps, (int, float)) or self.eps <= 0:
+      raise ValueError(f"eps must be a number > 0; got {self.eps!r}")
+    for name in ("weight_decay", "clip_norm"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ValueError(f"{name} must be a number >= 0 (0 = off); got {value!r}")
+    for name in ("decay_embeddings", "nesterov"):
+      if not isinstance(getattr(self, name), bool):
+        raise ValueError(f"{name} must be a bool; got {getattr(self, name)!r}")
+
+
+DEFAULTS: dict[str, Any] = dataclasses.asdict(OptimizerConfig())  # field -> default
 
 
 def decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
@@ -64,8 +87,7 @@ def decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
   """
 
   def decide(path: tuple[Any, ...], leaf: Any) -> Any:
-    names = [_key_name(k) for k in path]
-    decay = _decays(names, decay_embeddings)
+    decay = _decays(tree.path_names(path), decay_embeddings)
     if isinstance(leaf, meta.AxisMetadata):
       return jax.tree.map(lambda _: decay, leaf)
     return decay
@@ -93,43 +115,43 @@ def create_optimizer(
     ValueError: naming the field, for an unknown field or kind, an out-of-range value,
       or a non-float32 parameter (naming its path).
   """
-  cfg = _read_block(config_block)
+  cfg = read_block(config_block)
   _check_params(params)
   if not callable(schedule) and not (
     isinstance(schedule, (int, float)) and not isinstance(schedule, bool) and schedule > 0
   ):
     raise ValueError(f"schedule must be callable (count -> lr) or a number > 0; got {schedule!r}")
-  mask_fn = lambda p: decay_mask(p, cfg["decay_embeddings"])
-  if cfg["weight_decay"] > 0 and not any(jax.tree.leaves(mask_fn(params))):
+  mask_fn = lambda p: decay_mask(p, cfg.decay_embeddings)
+  if cfg.weight_decay > 0 and not any(jax.tree.leaves(mask_fn(params))):
     raise ValueError("weight_decay > 0 but the decay mask excludes every parameter of params")
 
-  kind = cfg["kind"]
+  kind = cfg.kind
   if kind == "adamw":
     tx = optax.adamw(
       schedule,
-      b1=cfg["b1"],
-      b2=cfg["b2"],
-      eps=cfg["eps"],
+      b1=cfg.b1,
+      b2=cfg.b2,
+      eps=cfg.eps,
       mu_dtype=jnp.float32,
-      weight_decay=cfg["weight_decay"],
+      weight_decay=cfg.weight_decay,
       mask=mask_fn,
     )
   elif kind == "sgd":  # weight decay as an L2 gradient term, as torch.optim.SGD
     tx = optax.chain(
-      optax.add_decayed_weights(cfg["weight_decay"], mask=mask_fn),
+      optax.add_decayed_weights(cfg.weight_decay, mask=mask_fn),
       optax.sgd(
         schedule,
-        momentum=cfg["momentum"] or None,
-        nesterov=cfg["nesterov"],
+        momentum=cfg.momentum or None,
+        nesterov=cfg.nesterov,
         accumulator_dtype=jnp.float32,
       ),
     )
   else:  # optax's Adafactor: its decay is not scaled by the learning rate
     tx = optax.adafactor(
-      schedule, weight_decay_rate=cfg["weight_decay"] or None, weight_decay_mask=mask_fn
+      schedule, weight_decay_rate=cfg.weight_decay or None, weight_decay_mask=mask_fn
     )
-  if cfg["clip_norm"] > 0:
-    tx = optax.chain(optax.clip_by_global_norm(cfg["clip_norm"]), tx)
+  if cfg.clip_norm > 0:
+    tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
   return tx
 
 
@@ -144,14 +166,7 @@ def current_learning_rate(schedule: schedules.Schedule | float, step: Any) -> ja
   return jnp.asarray(schedule, jnp.float32)
 
 
-def _key_name(key: Any) -> str:
-  for attr in ("key", "name", "idx"):
-    if hasattr(key, attr):
-      return str(getattr(key, attr))
-  return str(key)
-
-
-def _decays(names: list[str], decay_embeddings: bool) -> bool:
+def _decays(names: tuple[str, ...], decay_embeddings: bool) -> bool:
   if not names:
     return True
   leaf = names[-1]
@@ -162,35 +177,24 @@ def _decays(names: list[str], decay_embeddings: bool) -> bool:
   return decay_embeddings or "embedding" not in leaf
 
 
-def _read_block(block: Any) -> dict[str, Any]:
+def read_block(block: Any) -> OptimizerConfig:
+  """The `OptimizerConfig` of a config block (mapping or ConfigDict; missing fields take
+  their defaults; fields of a schedule block, `schedules.FIELDS`, may sit in it and are
+  ignored). Raises ValueError naming the field, for an unknown field or a bad value."""
+  if isinstance(block, OptimizerConfig):
+    return block
   if hasattr(block, "to_dict"):
     block = block.to_dict()
   if not isinstance(block, Mapping):
     raise ValueError(f"config_block must be a mapping or ConfigDict; got {type(block).__name__}")
-  ignored = set(schedules.FIELDS)
-  unknown = sorted(set(block) - set(DEFAULTS) - ignored)
+  unknown = sorted(set(block) - set(DEFAULTS) - set(schedules.FIELDS))
   if unknown:
     raise ValueError(f"unknown optimizer field(s) {unknown}; expected a subset of {list(DEFAULTS)}")
-  cfg = {k: block.get(k, v) for k, v in DEFAULTS.items()}
-  if cfg["kind"] not in KINDS:
-    raise ValueError(f"kind must be one of {list(KINDS)}; got {cfg['kind']!r}")
-  for name, lo, hi in (("b1", 0.0, 1.0), ("b2", 0.0, 1.0), ("momentum", 0.0, 1.0)):
-    value = cfg[name]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not lo <= value < hi:
-      raise ValueError(f"{name} must be a number in [{lo}, {hi}); got {value!r}")
-  for name in ("eps",):
-    if isinstance(cfg[name], bool) or not isinstance(cfg[name], (int, float)) or cfg[name] <= 0:
-      raise ValueError(f"{name} must be a number > 0; got {cfg[name]!r}")
-  for name in ("weight_decay", "clip_norm"):
-    value = cfg[name]
-    if value is None:
-      cfg[name] = 0.0
-    elif isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-      raise ValueError(f"{name} must be a number >= 0 (0 = off); got {value!r}")
-  for name in ("decay_embeddings", "nesterov"):
-    if not isinstance(cfg[name], bool):
-      raise ValueError(f"{name} must be a bool; got {cfg[name]!r}")
-  return cfg
+  fields = {k: v for k, v in block.items() if k in DEFAULTS}
+  for name in ("weight_decay", "clip_norm"):  # None means off
+    if name in fields and fields[name] is None:
+      fields[name] = 0.0
+  return OptimizerConfig(**fields)
 
 
 def _check_params(params: Any) -> None:

@@ -23,7 +23,6 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer.nn import partitioning
-from transformer.tasks.registry import check_mlm_batch
 from transformer.train.step import StepConfig, TrainState, eval_step, train_step
 
 PMAP_AXIS = "batch"
@@ -146,8 +145,7 @@ class StepRunner:
 
   def place_batch(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
     """This process's rows -> a global sharded batch (jit) or [devices, ...] (pmap)."""
-    if self.cfg.kind == "mlm":
-      check_mlm_batch(batch, self.cfg.mlm_max_predictions)
+    self.cfg.task.check_batch(batch)
     if self.parallelism == "jit":
       return {
         k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))

@@ -10,6 +10,8 @@ count, so jit, pmap, one device and gradient accumulation all optimise the same 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -19,7 +21,8 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
-from transformer.tasks.registry import FORWARD, Batch
+from transformer.tasks import Task
+from transformer.tasks.base import Batch
 from transformer.train import losses
 
 
@@ -45,15 +48,15 @@ class StepConfig:
 
   model: nn.Module
   tx: optax.GradientTransformation
-  kind: str  # data kind: lm | mlm | classification | seq2seq | image
+  task: Task  # how a batch feeds the model (transformer/tasks)
   label_smoothing: float = 0.0
   z_loss: float = 0.0
   grad_accum_steps: int = 1
   axis_name: str | None = None  # set for pmap
   schedule: Any = None  # count -> learning rate, for logging
-  inject_nonfinite: tuple[int, str] | None = None  # tests: (update, 'loss' | 'grads') made NaN
-  # mlm: logits only at up to this many scored positions per row (None: at all positions).
-  mlm_max_predictions: int | None = None
+  # (update count before this step, sums, grads) -> (sums, grads): a hook applied after the
+  # gradients are summed and before the optimizer (tests inject faults through it).
+  perturb: Callable[[jax.Array, dict, Any], tuple[dict, Any]] | None = None
 
 
 def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
@@ -70,10 +73,8 @@ def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.A
 def _sums(cfg: StepConfig, params, batch: Batch, rng, deterministic: bool):
   """Summed loss of one (micro-)batch and the sums behind the metrics."""
   rngs = {"dropout": rng} if rng is not None else {}
-  predicted = cfg.kind == "mlm" and cfg.mlm_max_predictions is not None
-  options = {"max_predictions": cfg.mlm_max_predictions} if predicted else {}
-  logits, targets, weights = FORWARD[cfg.kind](
-    cfg.model, {"params": params}, batch, deterministic, rngs, **options
+  logits, targets, weights = cfg.task.forward(
+    cfg.model, {"params": params}, batch, deterministic, rngs
   )
   loss_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
     logits, targets, weights, cfg.label_smoothing, cfg.z_loss
@@ -132,12 +133,8 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
     grads, sums = lax.psum((grads, sums), cfg.axis_name)
   denom = jnp.maximum(sums["weight_sum"], 1.0)
   grads = jax.tree.map(lambda g: g / denom, grads)
-  if cfg.inject_nonfinite is not None:  # fault injection (tests): poison one update
-    nan = jnp.where(state.step + 1 == cfg.inject_nonfinite[0], jnp.nan, 0.0)
-    if cfg.inject_nonfinite[1] == "loss":
-      sums = {**sums, "loss_sum": sums["loss_sum"] + nan}
-    else:
-      grads = jax.tree.map(lambda g: g + nan.astype(g.dtype), grads)
+  if cfg.perturb is not None:
+    sums, grads = cfg.perturb(state.step, sums, grads)
   updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
 
@@ -182,8 +179,6 @@ def eval_step(params: Any, batch: Batch, *, cfg: StepConfig) -> dict[str, jax.Ar
 
 def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
   """Means from the summed evaluation metrics."""
-  import math
-
   w = max(sums["weight_sum"], 1.0)
   nll = sums["nll_sum"] / w
   return {

@@ -9,10 +9,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.nn.attention import MaskInfo
+from transformer.nn import counts
 from transformer.nn.blocks import Stack
-from transformer.nn.config import ModelConfig
-from transformer.nn.layers import Embedder, compute_dtype, default_positions, make_embed
+from transformer.nn.config import ModelConfig, fail
+from transformer.nn.layers import Embedder, default_positions, make_dense, make_embed
+from transformer.nn.masks import MaskInfo
 
 
 class DecoderLM(nn.Module):
@@ -28,12 +29,16 @@ class DecoderLM(nn.Module):
     segment_ids: jax.Array | None = None,
     deterministic: bool = True,
     decode: bool = False,
+    prefix_mask: jax.Array | None = None,
   ) -> jax.Array:
     """tokens: [B, T] ints -> float32 logits [B, T, V].
 
     positions: [B, T] (default 0..T-1; per-segment when packed; the absolute positions
     of the new tokens when decoding). segment_ids: [B, T] packed example ids (0 = pad).
     decode: write keys/values to the 'cache' collection and attend over it.
+    prefix_mask: [B, T] (1 = prefix token) makes a prefix-LM: key s is visible to query t
+    iff same segment and (s <= t or both are in the prefix). When decoding, the prefix
+    comes whole in one call (the prefill).
     """
     c = self.config
     positions = default_positions(tokens) if positions is None else positions
@@ -44,10 +49,34 @@ class DecoderLM(nn.Module):
       q_positions=positions,
       causal=True,
       window=c.sliding_window,
+      prefix=prefix_mask,
     )
     x = Stack(c, c.num_layers, name="decoder")(x, info, deterministic=deterministic, decode=decode)
     if c.tie_embeddings:
       logits = embed.attend(x)  # [B, T, V]
     else:
-      logits = nn.Dense(c.vocab_size, use_bias=False, dtype=compute_dtype(c), name="lm_head")(x)
+      lm_head = make_dense(
+        c, c.vocab_size, "lm_head", use_bias=False, kernel_init=nn.initializers.lecun_normal()
+      )
+      logits = lm_head(x)  # [B, T, V]
     return logits.astype(jnp.float32)
+
+
+def build(c: ModelConfig) -> nn.Module:
+  return DecoderLM(c)
+
+
+def validate(c: ModelConfig) -> None:
+  if c.type_vocab_size:
+    fail("type_vocab_size", c.type_vocab_size, "segment embeddings are for the encoder family")
+
+
+def param_count(c: ModelConfig) -> int:
+  embed = c.vocab_size * c.d_model + counts.embedder_params(c)
+  head = 0 if c.tie_embeddings else c.d_model * c.vocab_size
+  return embed + counts.stack_params(c, c.num_layers, cross=False) + head
+
+
+def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = None) -> float:
+  del mlm_predictions
+  return c.num_layers * counts.layer_flops(c, seq_len) + 2 * c.d_model * c.vocab_size

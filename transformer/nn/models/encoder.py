@@ -9,17 +9,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.nn.attention import MaskInfo
+from transformer.nn import counts
 from transformer.nn.blocks import Stack
 from transformer.nn.config import ModelConfig
 from transformer.nn.layers import (
-  Dropout,
   Embedder,
-  compute_dtype,
   default_positions,
+  make_dense,
+  make_dropout,
   make_embed,
   make_norm,
 )
+from transformer.nn.masks import MaskInfo
+
+LECUN = nn.initializers.lecun_normal()  # the heads' init (flax's `nn.Dense` default)
 
 
 class TransformerEncoder(nn.Module):
@@ -52,7 +55,7 @@ class TransformerEncoder(nn.Module):
       x = x + make_embed(c, c.type_vocab_size, "token_type_embed")(types)
     if self.embed_norm:
       x = make_norm(c, "embed_norm")(x)
-    x = Dropout(c.dropout_rate)(x, deterministic=deterministic)
+    x = make_dropout(c)(x, deterministic=deterministic)
     info = MaskInfo.create(segment_ids, q_positions=positions, window=c.sliding_window)
     return Stack(c, c.num_layers, name="layers")(x, info, deterministic=deterministic)
 
@@ -91,12 +94,13 @@ class MaskedLM(nn.Module):
     x = encoder(tokens, segment_ids, positions, token_type_ids, deterministic)  # [B, T, D]
     if predict_positions is not None:
       x = jnp.take_along_axis(x, predict_positions[..., None], axis=1)  # [B, P, D]
-    x = nn.Dense(c.d_model, dtype=compute_dtype(c), name="mlm_transform")(x)
+    x = make_dense(c, c.d_model, "mlm_transform", use_bias=True, kernel_init=LECUN)(x)
     x = make_norm(c, "mlm_norm")(nn.gelu(x, approximate=False))
     if c.tie_embeddings:
       logits = embed.attend(x)  # [B, T, V]
     else:
-      logits = nn.Dense(c.vocab_size, use_bias=False, dtype=compute_dtype(c), name="mlm_head")(x)
+      mlm_head = make_dense(c, c.vocab_size, "mlm_head", use_bias=False, kernel_init=LECUN)
+      logits = mlm_head(x)  # [B, T, V]
     bias = self.param("mlm_bias", nn.initializers.zeros, (c.vocab_size,))
     return logits.astype(jnp.float32) + bias
 
@@ -119,7 +123,36 @@ class SequenceClassifier(nn.Module):
     else:
       valid = (tokens != 0 if segment_ids is None else segment_ids > 0)[..., None]  # [B, T, 1]
       pooled = (x * valid).sum(1) / jnp.maximum(valid.sum(1), 1)  # [B, D]
-    pooled = jnp.tanh(nn.Dense(c.d_model, dtype=compute_dtype(c), name="pooler")(pooled))
-    pooled = Dropout(c.dropout_rate)(pooled, deterministic=deterministic)
-    logits = nn.Dense(c.num_classes, dtype=compute_dtype(c), name="classifier")(pooled)
-    return logits.astype(jnp.float32)  # [B, C]
+    pooler = make_dense(c, c.d_model, "pooler", use_bias=True, kernel_init=LECUN)
+    pooled = jnp.tanh(pooler(pooled))  # [B, D]
+    pooled = make_dropout(c)(pooled, deterministic=deterministic)
+    classifier = make_dense(c, c.num_classes, "classifier", use_bias=True, kernel_init=LECUN)
+    return classifier(pooled).astype(jnp.float32)  # [B, C]
+
+
+def build(c: ModelConfig) -> nn.Module:
+  """MaskedLM when `num_classes == 0`, else SequenceClassifier."""
+  return SequenceClassifier(c) if c.num_classes else MaskedLM(c)
+
+
+def validate(c: ModelConfig) -> None:
+  del c  # every generic rule applies; nothing encoder-specific
+
+
+def param_count(c: ModelConfig) -> int:
+  d = c.d_model
+  embed = c.vocab_size * d + counts.embedder_params(c) + c.type_vocab_size * d
+  embed_norm = counts.norm_params(c) if c.norm_position == "post" else 0
+  if c.num_classes:  # SequenceClassifier: pooler + classifier.
+    head = d * d + d + d * c.num_classes + c.num_classes
+  else:  # MaskedLM: transform, norm, output bias (+ untied output matrix).
+    head = d * d + d + counts.norm_params(c) + c.vocab_size
+    head += 0 if c.tie_embeddings else d * c.vocab_size
+  return embed + embed_norm + counts.stack_params(c, c.num_layers, cross=False) + head
+
+
+def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = None) -> float:
+  head = 2 * (c.d_model * c.d_model + c.d_model * c.vocab_size)  # MLM transform + logits
+  if mlm_predictions is not None:
+    head *= mlm_predictions / seq_len
+  return c.num_layers * counts.layer_flops(c, seq_len) + head

@@ -11,10 +11,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.nn.attention import MaskInfo
+from transformer.nn import counts
 from transformer.nn.blocks import Stack, shift_right
 from transformer.nn.config import ModelConfig
-from transformer.nn.layers import Embedder, compute_dtype, default_positions, make_embed
+from transformer.nn.layers import Embedder, default_positions, make_dense, make_embed
+from transformer.nn.masks import MaskInfo
 
 
 def _segments(tokens: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
@@ -34,7 +35,9 @@ class EncoderDecoder(nn.Module):
     self.encoder = Stack(c, c.num_layers, name="encoder")
     self.decoder = Stack(c, c.decoder_layers, cross_attention=True, name="decoder")
     if not c.tie_embeddings:
-      self.lm_head = nn.Dense(c.vocab_size, use_bias=False, dtype=compute_dtype(c))
+      self.lm_head = make_dense(
+        c, c.vocab_size, use_bias=False, kernel_init=nn.initializers.lecun_normal()
+      )
 
   def encode(
     self,
@@ -102,3 +105,31 @@ class EncoderDecoder(nn.Module):
       targets_positions,
       deterministic,
     )
+
+
+def build(c: ModelConfig) -> nn.Module:
+  return EncoderDecoder(c)
+
+
+def validate(c: ModelConfig) -> None:
+  del c  # every generic rule applies; nothing encoder-decoder-specific
+
+
+def param_count(c: ModelConfig) -> int:
+  # Shared source/target embeddings (Vaswani et al. 3.4); untied adds output logits.
+  embed = c.vocab_size * c.d_model + 2 * counts.embedder_params(c)  # encoder + decoder
+  head = 0 if c.tie_embeddings else c.d_model * c.vocab_size
+  return (
+    embed
+    + counts.stack_params(c, c.num_layers, cross=False)
+    + counts.stack_params(c, c.decoder_layers, cross=True)
+    + head
+  )
+
+
+def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = None) -> float:
+  # Tokens are counted on the target side; source and target lengths are taken equal.
+  del mlm_predictions
+  body = c.num_layers * counts.layer_flops(c, seq_len)
+  body += c.decoder_layers * counts.layer_flops(c, seq_len, cross=True)
+  return body + 2 * c.d_model * c.vocab_size

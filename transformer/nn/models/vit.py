@@ -9,11 +9,15 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.nn.attention import MaskInfo
+from transformer.nn import counts
 from transformer.nn.blocks import Stack
-from transformer.nn.config import ModelConfig
-from transformer.nn.layers import Dropout, compute_dtype
-from transformer.nn.positional import sincos_2d_table
+from transformer.nn.config import ModelConfig, fail
+from transformer.nn.layers import compute_dtype, make_dense, make_dropout
+from transformer.nn.masks import MaskInfo
+from transformer.nn.positions import sincos_2d_table
+
+# ViT positions are its own: a 2-D sin-cos grid or a learned [1, tokens, D] table.
+POSITIONS = ("learned", "sinusoidal", "none")
 
 
 class VisionTransformer(nn.Module):
@@ -50,11 +54,53 @@ class VisionTransformer(nn.Module):
     if c.position == "learned":
       pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, x.shape[1], c.d_model))
       x = x + pos.astype(dtype)  # [B, 1 + G*G, D]
-    x = Dropout(c.dropout_rate)(x, deterministic=deterministic)
+    x = make_dropout(c)(x, deterministic=deterministic)
     info = MaskInfo.create(jnp.ones(x.shape[:2], jnp.int32)).replace(
       q_segment_ids=None, kv_segment_ids=None
     )
     x = Stack(c, c.num_layers, name="encoder")(x, info, deterministic=deterministic)
     pooled = x[:, 0] if c.pooling == "cls" else x.mean(axis=1)  # [B, D]
-    head = nn.Dense(c.num_classes, dtype=dtype, kernel_init=nn.initializers.zeros, name="head")
+    head = make_dense(c, c.num_classes, "head", use_bias=True, kernel_init=nn.initializers.zeros)
     return head(pooled).astype(jnp.float32)  # [B, classes]
+
+
+def build(c: ModelConfig) -> nn.Module:
+  return VisionTransformer(c)
+
+
+def validate(c: ModelConfig) -> None:
+  for field in ("image_size", "patch_size", "num_channels"):
+    value = getattr(c, field)
+    if not isinstance(value, int) or value <= 0:
+      fail(field, value, "must be a positive integer")
+  if c.position == "sinusoidal" and c.d_model % 4:
+    fail("position", c.position, f"2-D sin-cos needs d_model divisible by 4, got {c.d_model}")
+  if c.image_size % c.patch_size:
+    fail("image_size", c.image_size, f"must be divisible by patch_size={c.patch_size}")
+  if c.num_classes <= 0:
+    fail("num_classes", c.num_classes, "a ViT needs num_classes > 0")
+  if c.position not in POSITIONS:
+    fail("position", c.position, "ViT supports learned, sinusoidal (2-D sin-cos) or none")
+  tokens = c.num_patches + (c.pooling == "cls")
+  if tokens > c.max_len:
+    fail("max_len", c.max_len, f"must be >= {tokens} image tokens")
+
+
+def param_count(c: ModelConfig) -> int:
+  d = c.d_model
+  tokens = c.num_patches + (c.pooling == "cls")
+  patch = c.patch_size**2 * c.num_channels * d + d
+  return (
+    patch
+    + (d if c.pooling == "cls" else 0)
+    + (tokens * d if c.position == "learned" else 0)
+    + counts.stack_params(c, c.num_layers, cross=False)
+    + d * c.num_classes
+    + c.num_classes
+  )
+
+
+def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = None) -> float:
+  del mlm_predictions
+  patch = 2 * c.patch_size**2 * c.num_channels * c.d_model  # patch embedding per image token
+  return c.num_layers * counts.layer_flops(c, seq_len) + patch

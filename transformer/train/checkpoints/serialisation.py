@@ -1,18 +1,18 @@
-"""What a checkpoint holds, as names and JSON: tree paths, the target check, the config.
+"""What a checkpoint holds, as names and JSON: leaf names, the target check, the config.
 
-  key_tuple / path_str  a pytree key path as orbax names it in its metadata ('a/b/c')
-  compare               the checkpoint's tree against a restore target: one `ValueError`
-                        listing every missing, unexpected, reshaped, retyped or
-                        unshardable path
-  config_to_json        a ConfigDict / dataclass / mapping as a JSON-ready dict
-  write_config          that dict as `workdir/config.json`, atomically
+leaf_names / leaf_label  a pytree key path as orbax names the leaf ('a/b/c')
+compare                  the checkpoint's tree against a restore target: one `ValueError`
+                         listing every missing, unexpected, reshaped, retyped or
+                         unshardable path
+config_to_json           a ConfigDict / dataclass / mapping as a JSON-ready dict
+write_config             that dict as `workdir/config.json`, atomically
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -21,26 +21,23 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from transformer.data.files import write_atomic
+from transformer.nn import tree
 
 MAX_LISTED = 20  # paths named per category in an error message
 
 
-def key_tuple(keypath: tuple[Any, ...]) -> tuple[str, ...]:
-  """A jax key path as orbax names it in metadata: dict keys, attribute names, indices."""
-  names = []
-  for key in keypath:
-    for attr in ("key", "name", "idx"):
-      if hasattr(key, attr):
-        names.append(str(getattr(key, attr)))
-        break
-    else:
-      raise ValueError(f"unsupported pytree key {key!r}")
-  return tuple(names)
+def leaf_names(keypath: Sequence[Any]) -> tuple[str, ...]:
+  """A JAX key path as orbax names the leaf in its metadata (ValueError for a key that has
+  no dict key, attribute name or index)."""
+  return tree.path_names(keypath, strict=True)
 
 
-def path_str(path: tuple[Any, ...]) -> str:
-  """'a/b/c' for a `key_tuple` ('<root>' for the empty path)."""
-  return "/".join(path) if path else "<root>"
+def leaf_label(names: Sequence[str]) -> str:
+  """A leaf in messages and in the checksums item: 'a/b/c', '<root>' for a lone leaf.
+
+  Saved checksums are keyed by this label, so it must not change.
+  """
+  return "/".join(names) if names else "<root>"
 
 
 def json_roundtrip(name: str, value: Any) -> Any:
@@ -54,10 +51,10 @@ def json_roundtrip(name: str, value: Any) -> Any:
 def compare(metadata_tree: Any, target: Any, check_dtypes: bool) -> None:
   """Raises ValueError listing every difference between checkpoint and target trees."""
   saved = ocp.tree.to_flat_dict(metadata_tree)
-  wanted = {key_tuple(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(target)}
+  wanted = {leaf_names(p): leaf for p, leaf in jax.tree_util.tree_leaves_with_path(target)}
   problems = {
-    "missing from the checkpoint": [path_str(p) for p in wanted if p not in saved],
-    "in the checkpoint but not in the target": [path_str(p) for p in saved if p not in wanted],
+    "missing from the checkpoint": [leaf_label(p) for p in wanted if p not in saved],
+    "in the checkpoint but not in the target": [leaf_label(p) for p in saved if p not in wanted],
     "shape differs": [],
     "dtype differs": [],
     "sharding cannot hold the shape": [],
@@ -72,18 +69,18 @@ def compare(metadata_tree: Any, target: Any, check_dtypes: bool) -> None:
     shape, dtype = tuple(stored.shape), np.dtype(stored.dtype)
     saved_shape = tuple(getattr(meta, "shape", ()) or ())
     if saved_shape != shape:
-      problems["shape differs"].append(f"{path_str(path)}: saved {saved_shape}, target {shape}")
+      problems["shape differs"].append(f"{leaf_label(path)}: saved {saved_shape}, target {shape}")
     saved_dtype = getattr(meta, "dtype", None)
     if check_dtypes and saved_dtype is not None and np.dtype(saved_dtype) != dtype:
       problems["dtype differs"].append(
-        f"{path_str(path)}: saved {np.dtype(saved_dtype)}, target {dtype}"
+        f"{leaf_label(path)}: saved {np.dtype(saved_dtype)}, target {dtype}"
       )
     sharding = getattr(leaf, "sharding", None)
     if sharding is not None and saved_shape == shape:
       try:
         sharding.shard_shape(tuple(leaf.shape))
       except Exception as e:
-        problems["sharding cannot hold the shape"].append(f"{path_str(path)}: {e}")
+        problems["sharding cannot hold the shape"].append(f"{leaf_label(path)}: {e}")
   lines = []
   for category, paths in problems.items():
     if paths:

@@ -1,0 +1,55 @@
+"""T5-style span-corruption pretraining of a small encoder-decoder on tiny shakespeare.
+
+The objective of Raffel et al. 2020 (noise density 0.15, mean span 3, sentinels; see
+transformer/tasks/span_corruption.py) on the shipped text, with a T5.1.1-shaped model:
+relative position buckets shared across layers, RMSNorm pre-LN, gated GELU, no biases,
+untied logits, SentencePiece vocabulary (+ 100 sentinel ids).
+
+  python train.py --config configs/t5_span_corruption.py --workdir runs/t5_span_corruption
+
+The result is in docs/RESULTS.md.
+"""
+
+from transformer.train.experiment import default_config
+
+
+def get_config(arg=None):
+  del arg
+  config = default_config()
+  m = config.model
+  m.family = "seq2seq"  # encoder-decoder
+  m.vocab_size = 0  # the tokenizer's vocabulary + the task's 100 sentinels
+  m.d_model = 128  # width
+  m.num_heads = 4  # attention heads
+  m.num_layers = 2  # encoder blocks
+  m.num_decoder_layers = 2  # decoder blocks
+  m.d_ff = 384  # gated FFN hidden width (T5.1.1 uses gated GELU)
+  m.max_len = 128  # longest side (inputs)
+  m.position = "relative_t5"  # bucketed relative bias, shared by the layers of a stack
+  m.norm = "rmsnorm"  # T5's scale-only norm
+  m.activation = "geglu"  # gated GELU (T5.1.1)
+  m.use_bias = False  # T5 has no biases
+  m.tie_embeddings = False  # T5.1.1 unties the logits
+  m.dropout_rate = 0.0  # pretraining without dropout (T5.1.1)
+  d = config.data
+  d.kind = "span_corruption"  # sentinels replace dropped spans; targets restore them
+  d.source = "text"  # the shipped text as one token stream
+  d.path = "data/tinyshakespeare.txt.gz"  # shipped with the project
+  d.tokenizer = "sentencepiece"  # subword vocabulary trained on the text
+  d.vocab_size = 1024  # SentencePiece pieces
+  d.validation_fraction = 0.1  # last 10% for validation
+  d.test_fraction = 0.0  # no test split
+  d.target_seq_len = 32  # targets: 15% of a ~140-token window plus sentinels and EOS
+  config.optimizer.weight_decay = 0.01  # decoupled, not on norms / embeddings
+  config.optimizer.clip_norm = 1.0  # global-norm clipping
+  config.schedule.kind = "cosine"  # warmup then cosine decay
+  config.schedule.learning_rate = 2e-3  # peak learning rate
+  config.schedule.warmup_steps = 100  # linear warmup
+  config.num_train_steps = 1000  # updates
+  config.batch_size = 32  # windows per update
+  config.seq_len = 128  # encoder input length S
+  config.log_every = 100  # console / TensorBoard interval
+  config.eval_every = 500  # validation interval
+  config.eval_batches = 20  # validation batches
+  config.checkpoint_every = 500  # checkpoint interval
+  return config

@@ -1,0 +1,78 @@
+"""Analytic parameter counts and matmul FLOPs of the model a `ModelConfig` builds.
+
+The parts every family shares are here; each family (`models.FAMILIES`) adds its own
+embeddings and heads. tests/test_param_count.py checks `param_count` against real models.
+"""
+
+from __future__ import annotations
+
+from transformer.nn.config import ModelConfig
+from transformer.nn.positions import position_for
+
+_NORM_PARAMS_PER_FEATURE = {"layernorm": 2, "rmsnorm": 1}  # scale and bias | scale
+
+
+def norm_params(c: ModelConfig) -> int:
+  return _NORM_PARAMS_PER_FEATURE[c.norm] * c.d_model
+
+
+def attention_params(c: ModelConfig, is_cross: bool = False) -> int:
+  """Projections (+ biases) of one attention layer, + its position parameters (self only)."""
+  q_out, kv_out = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
+  weights = c.d_model * q_out + 2 * c.d_model * kv_out + q_out * c.d_model
+  biases = (q_out + 2 * kv_out + c.d_model) if c.use_bias else 0
+  # Position parameters exist in self-attention only (cross-attention has no positions).
+  return weights + biases + (0 if is_cross else position_for(c).attention_params())
+
+
+def ffn_params(c: ModelConfig) -> int:
+  n_in = 2 if c.gated else 1
+  weights = n_in * c.d_model * c.d_ff + c.d_ff * c.d_model
+  biases = (n_in * c.d_ff + c.d_model) if c.use_bias else 0
+  return weights + biases
+
+
+def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
+  """A `Stack`: its layers, the pre-LN final norm and its shared position table."""
+  attention = attention_params(c) + (attention_params(c, is_cross=True) if cross else 0)
+  per_layer = (2 + cross) * norm_params(c) + attention + ffn_params(c)
+  final_norm = norm_params(c) if c.norm_position == "pre" else 0
+  return layers * per_layer + final_norm + position_for(c).stack_params()
+
+
+def embedder_params(c: ModelConfig) -> int:
+  """The position parameters of one `Embedder` (its token table is counted by the family)."""
+  return position_for(c).embedding_params()
+
+
+def layer_flops(c: ModelConfig, seq_len: int, cross: bool = False) -> int:
+  """Forward matmul FLOPs per token of one block (self-attention, + cross, + FFN)."""
+  d, qh = c.d_model, c.num_heads * c.head_dim
+  attn_proj = 2 * (d * qh + 2 * d * c.kv_heads * c.head_dim + qh * d)
+  ffn = 2 * ((2 if c.gated else 1) * d * c.d_ff + c.d_ff * d)
+  scores = 4 * seq_len * qh
+  return attn_proj + ffn + scores + ((attn_proj + scores) if cross else 0)
+
+
+def param_count(c: ModelConfig) -> int:
+  """Exact number of parameters of the model `c` builds (see tests/test_param_count.py)."""
+  from transformer.nn.models import FAMILIES  # the families import this module
+
+  return FAMILIES[c.family].param_count(c)
+
+
+def flops_per_token(
+  c: ModelConfig, seq_len: int, training: bool = True, mlm_predictions: int | None = None
+) -> float:
+  """Matmul FLOPs per token (2 per multiply-add), forward or forward+backward (x3).
+
+  Counts every projection, the feed-forward, the output logits (or classifier) and the
+  attention score and value products (4 * T * N * H per layer and token, the PaLM convention;
+  causal masking is not subtracted). Norms, softmax and elementwise work are excluded.
+  `mlm_predictions`: the encoder's MLM head runs at that many of every `seq_len` positions
+  (the train step's `mlm_max_predictions`) instead of all of them.
+  """
+  from transformer.nn.models import FAMILIES  # the families import this module
+
+  forward = FAMILIES[c.family].forward_flops(c, seq_len, mlm_predictions)
+  return 3.0 * forward if training else float(forward)

@@ -1,0 +1,202 @@
+"""Scaled dot-product attention: one function, three implementations that agree.
+
+Letters: B batch, T query length, S key length, N query heads, K key/value heads,
+G = N // K query heads per key/value head, H head dim.
+
+Query head n uses key/value head n // G (heads of one group are contiguous, as in
+PyTorch's `enable_gqa` and `repeat_interleave`). Masks are boolean, True = may attend,
+broadcastable to [B, N, T, S]:
+
+  'xla'      einsum + float32 softmax; the reference, supports everything. With the
+             'fast' ops, causal self-attention runs by query blocks (`ops.causal_blocks`).
+  'jax'      `jax.nn.dot_product_attention` (cuDNN flash attention on GPU); falls back
+             to 'xla' when attention dropout is active or weights are requested.
+  'chunked'  online softmax over [chunk x chunk] blocks (Rabe & Staats 2021; the
+             FlashAttention recurrence); memory grows linearly with length when the mask
+             comes from a `MaskInfo` (no dense [T, S] mask or bias).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from transformer.nn.masks import MaskInfo, combine_masks
+from transformer.ops import select
+from transformer.ops.causal_blocks import causal_block_attention, slice_broadcast
+
+IMPLS = ("xla", "jax", "chunked")
+
+# Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
+
+def dot_product_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  *,
+  mask: jax.Array | None = None,
+  mask_info: MaskInfo | None = None,
+  bias: jax.Array | None = None,
+  dropout_rate: float = 0.0,
+  dropout_rng: jax.Array | None = None,
+  deterministic: bool = True,
+  impl: str = "xla",
+  chunk_size: int = 512,
+  return_weights: bool = False,
+  ops: str = "fast",
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+  """softmax(q k^T / sqrt(H) + bias, masked) v.
+
+  Args:
+    q: [B, T, N, H]; k, v: [B, S, K, H] with N % K == 0.
+    mask: optional bool, broadcastable to [B, N, T, S], True = attend.
+    mask_info: optional factored mask (AND-ed with `mask`); the chunked path builds it
+      block by block.
+    bias: optional float additive bias broadcastable to [B, N, T, S].
+    dropout_rate, dropout_rng, deterministic: dropout on the attention weights.
+    impl: 'xla' | 'jax' | 'chunked'.
+    return_weights: also return the weights [B, N, T, S] (computed by 'xla').
+    ops: 'fast' | 'plain' kernels (`transformer.ops`): dropout masks, causal query blocks.
+  Returns:
+    [B, T, N, H] in q's dtype (and the float32 weights if asked).
+  """
+  if q.shape[2] % k.shape[2]:
+    raise ValueError(f"query heads {q.shape[2]} must be a multiple of kv heads {k.shape[2]}")
+  if impl not in IMPLS:
+    raise ValueError(f"unknown attention impl {impl!r}; expected xla, jax or chunked")
+  use_dropout = dropout_rate > 0.0 and not deterministic
+  if use_dropout and dropout_rng is None:
+    raise ValueError("attention dropout needs a dropout_rng")
+  kernels = select(ops)
+  rate = dropout_rate if use_dropout else 0.0
+  if impl == "chunked" and not return_weights:
+    return _chunked_attention(
+      q, k, v, mask, mask_info, bias, rate, dropout_rng, chunk_size, kernels.bernoulli
+    )
+  if mask_info is not None:
+    mask = combine_masks(mask, mask_info.block_mask())
+  if impl == "jax" and not use_dropout and not return_weights:
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask).astype(q.dtype)
+  attend = functools.partial(_xla_attention, bernoulli=kernels.bernoulli)
+  blocks = 1 if return_weights else kernels.causal_query_blocks(q.shape[1], k.shape[1], mask_info)
+  if blocks > 1:
+    return causal_block_attention(attend, q, k, v, mask, bias, rate, dropout_rng, blocks)
+  return attend(q, k, v, mask, bias, rate, dropout_rng, return_weights=return_weights)
+
+
+def _xla_attention(
+  q, k, v, mask, bias, dropout_rate, dropout_rng, return_weights=False, *, bernoulli
+):
+  b, t, n, h = q.shape
+  s, kv = k.shape[1], k.shape[2]
+  q = q * jnp.asarray(h**-0.5, q.dtype)
+  if kv == n:  # MHA: plain 4-D contractions (cheaper layouts for XLA:CPU than G = 1)
+    logits = jnp.einsum("BTNH,BSNH->BNTS", q, k, preferred_element_type=jnp.float32)
+  else:
+    q = q.reshape(b, t, kv, n // kv, h)  # [B, T, K, G, H]
+    logits = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
+  logits = logits.reshape(b, n, t, s)  # [B, N, T, S]
+  if bias is not None:
+    logits = logits + bias.astype(jnp.float32)
+  if mask is not None:
+    logits = jnp.where(mask, logits, MASK_VALUE)
+  weights = jax.nn.softmax(logits, axis=-1)  # [B, N, T, S] float32
+  probs = weights
+  if dropout_rate > 0.0:
+    keep = bernoulli(dropout_rng, 1.0 - dropout_rate, weights.shape)
+    probs = jnp.where(keep, weights / (1.0 - dropout_rate), 0.0)
+  probs = probs.astype(v.dtype)
+  if kv == n:
+    out = jnp.einsum("BNTS,BSNH->BTNH", probs, v)  # [B, T, N, H]
+  else:
+    probs = probs.reshape(b, kv, n // kv, t, s)  # [B, K, G, T, S]
+    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(b, t, n, h)  # [B, T, N, H]
+  return (out, weights) if return_weights else out
+
+
+def _pad_axis(x, axis, new_len, value):
+  if x is None or x.shape[axis] == 1 or x.shape[axis] == new_len:
+    return x
+  pad = [(0, 0)] * x.ndim
+  pad[axis] = (0, new_len - x.shape[axis])
+  return jnp.pad(x, pad, constant_values=value)
+
+
+def _chunked_attention(
+  q, k, v, mask, mask_info, bias, dropout_rate, dropout_rng, chunk, bernoulli: Callable
+):
+  b, t, n, h = q.shape
+  s, kv = k.shape[1], k.shape[2]
+  g = n // kv
+  qc, kc = min(chunk, t), min(chunk, s)
+  nq, nk = math.ceil(t / qc), math.ceil(s / kc)
+  tp, sp = nq * qc, nk * kc
+  q = _pad_axis(q, 1, tp, 0) * jnp.asarray(h**-0.5, q.dtype)
+  k, v = _pad_axis(k, 1, sp, 0), _pad_axis(v, 1, sp, 0)
+  mask = _pad_axis(_pad_axis(mask, 2, tp, False), 3, sp, False)
+  bias = _pad_axis(_pad_axis(bias, 2, tp, 0.0), 3, sp, 0.0)
+  if mask_info is not None:
+    mask_info = mask_info.replace(
+      q_segment_ids=_pad_axis(mask_info.q_segment_ids, 1, tp, -1),
+      kv_segment_ids=_pad_axis(mask_info.kv_segment_ids, 1, sp, -2),
+      q_prefix=_pad_axis(mask_info.q_prefix, 1, tp, False),
+      kv_prefix=_pad_axis(mask_info.kv_prefix, 1, sp, False),
+    )
+  q_blocks = q.reshape(b, nq, qc, kv, g, h).swapaxes(0, 1)  # [nq, B, qc, K, G, H]
+
+  @jax.checkpoint
+  def one_query_block(qi, q_blk):
+    def step(carry, kj):
+      out, row_max, denom = carry
+      k_blk = lax.dynamic_slice_in_dim(k, kj * kc, kc, axis=1)  # [B, kc, K, H]
+      v_blk = lax.dynamic_slice_in_dim(v, kj * kc, kc, axis=1)  # [B, kc, K, H]
+      logits = jnp.einsum(
+        "BTKGH,BSKH->BKGTS", q_blk, k_blk, preferred_element_type=jnp.float32
+      ).reshape(b, n, qc, kc)  # [B, N, qc, kc]
+      if bias is not None:
+        logits = logits + slice_broadcast(
+          slice_broadcast(bias, 2, qi * qc, qc), 3, kj * kc, kc
+        ).astype(jnp.float32)
+      block_mask = slice_broadcast(slice_broadcast(mask, 2, qi * qc, qc), 3, kj * kc, kc)
+      if mask_info is not None:
+        block_mask = combine_masks(block_mask, mask_info.block_mask(qi * qc, qc, kj * kc, kc))
+      if block_mask is not None:
+        logits = jnp.where(block_mask, logits, MASK_VALUE)
+      # Keys past S (padding added here) get exactly zero weight.
+      valid_key = (kj * kc + jnp.arange(kc)) < s  # [kc]
+      logits = jnp.where(valid_key, logits, -jnp.inf)
+      new_max = jnp.maximum(row_max, logits.max(axis=-1))  # [B, N, qc]
+      p = jnp.exp(logits - new_max[..., None])  # [B, N, qc, kc]
+      correction = jnp.exp(row_max - new_max)  # [B, N, qc]
+      denom = denom * correction + p.sum(axis=-1)
+      if dropout_rate > 0.0:
+        rng = jax.random.fold_in(dropout_rng, qi * nk + kj)
+        keep = bernoulli(rng, 1.0 - dropout_rate, p.shape)
+        p = jnp.where(keep, p / (1.0 - dropout_rate), 0.0)
+      pv = jnp.einsum(
+        "BKGTS,BSKH->BKGTH",
+        p.astype(v.dtype).reshape(b, kv, g, qc, kc),
+        v_blk,
+        preferred_element_type=jnp.float32,
+      ).reshape(b, n, qc, h)  # [B, N, qc, H]
+      out = out * correction[..., None] + pv
+      return (out, new_max, denom), None
+
+    init = (
+      jnp.zeros((b, n, qc, h), jnp.float32),
+      jnp.full((b, n, qc), -jnp.inf, jnp.float32),
+      jnp.zeros((b, n, qc), jnp.float32),
+    )
+    (out, _, denom), _ = lax.scan(step, init, jnp.arange(nk))
+    return out / denom[..., None]  # [B, N, qc, H]
+
+  blocks = lax.map(lambda args: one_query_block(*args), (jnp.arange(nq), q_blocks))
+  out = blocks.transpose(1, 0, 3, 2, 4).reshape(b, tp, n, h)[:, :t]  # [B, T, N, H]
+  return out.astype(q.dtype)

@@ -1,0 +1,159 @@
+"""Named model sizes from the papers, each citing its source, and the gated-FFN sizing rule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from transformer.nn.config import ModelConfig
+
+
+def gated_hidden_size(d_model: int, multiple_of: int = 256) -> int:
+  """The 2/3 rule: a gated unit with 3 matrices matches a 4*D two-matrix FFN's parameters.
+
+  F = 2/3 * 4 * D, rounded up to a multiple of `multiple_of` (Shazeer 2020; LLaMA).
+  """
+  hidden = int(2 * 4 * d_model / 3)
+  return multiple_of * math.ceil(hidden / multiple_of)
+
+
+# Named sizes. Each entry overrides ModelConfig defaults; the source is cited.
+NAMED_SIZES: dict[str, dict[str, Any]] = {
+  # Vaswani et al. 2017, Table 3 (shared 37000 BPE vocabulary, post-LN, ReLU, sinusoidal).
+  "transformer_base": dict(
+    family="seq2seq",
+    vocab_size=37000,
+    d_model=512,
+    num_heads=8,
+    num_layers=6,
+    d_ff=2048,
+    max_len=256,
+    position="sinusoidal",
+    norm_position="post",
+    activation="relu",
+    dropout_rate=0.1,
+    scale_embeddings=True,
+    tie_embeddings=True,
+  ),
+  "transformer_big": dict(
+    family="seq2seq",
+    vocab_size=37000,
+    d_model=1024,
+    num_heads=16,
+    num_layers=6,
+    d_ff=4096,
+    max_len=256,
+    position="sinusoidal",
+    norm_position="post",
+    activation="relu",
+    dropout_rate=0.3,
+    scale_embeddings=True,
+    tie_embeddings=True,
+  ),
+  # Devlin et al. 2019, Section 3 (WordPiece 30522 vocabulary, 512 positions, 2 segments).
+  "bert_base": dict(
+    family="encoder",
+    vocab_size=30522,
+    d_model=768,
+    num_heads=12,
+    num_layers=12,
+    d_ff=3072,
+    max_len=512,
+    position="learned",
+    norm_position="post",
+    activation="gelu",
+    type_vocab_size=2,
+    norm_eps=1e-12,
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
+  ),
+  "bert_large": dict(
+    family="encoder",
+    vocab_size=30522,
+    d_model=1024,
+    num_heads=16,
+    num_layers=24,
+    d_ff=4096,
+    max_len=512,
+    position="learned",
+    norm_position="post",
+    activation="gelu",
+    type_vocab_size=2,
+    norm_eps=1e-12,
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
+  ),
+  # Radford et al. 2019, Table 2 (vocabulary 50257, context 1024, tied embeddings).
+  "gpt2_small": dict(
+    family="decoder",
+    vocab_size=50257,
+    d_model=768,
+    num_heads=12,
+    num_layers=12,
+    d_ff=3072,
+    max_len=1024,
+    position="learned",
+    activation="gelu",
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
+  ),
+  "gpt2_medium": dict(
+    family="decoder",
+    vocab_size=50257,
+    d_model=1024,
+    num_heads=16,
+    num_layers=24,
+    d_ff=4096,
+    max_len=1024,
+    position="learned",
+    activation="gelu",
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
+  ),
+  "gpt2_large": dict(
+    family="decoder",
+    vocab_size=50257,
+    d_model=1280,
+    num_heads=20,
+    num_layers=36,
+    d_ff=5120,
+    max_len=1024,
+    position="learned",
+    activation="gelu",
+    dropout_rate=0.1,
+    attention_dropout_rate=0.1,
+  ),
+  # Dosovitskiy et al. 2021, Table 1 (B, L); Touvron et al. 2021, Table 1 (Ti, S).
+  # ImageNet at 224 px, 1000 classes, [CLS] pooling, learned positions.
+  **{
+    f"vit_{name}/{patch}": dict(
+      family="vit",
+      d_model=d,
+      num_heads=n,
+      num_layers=l,
+      d_ff=f,
+      image_size=224,
+      patch_size=patch,
+      num_classes=1000,
+      max_len=(224 // patch) ** 2 + 1,
+      position="learned",
+      activation="gelu",
+      norm_eps=1e-6,
+      pooling="cls",
+    )
+    for name, d, n, l, f in (
+      ("ti", 192, 3, 12, 768),
+      ("s", 384, 6, 12, 1536),
+      ("b", 768, 12, 12, 3072),
+      ("l", 1024, 16, 24, 4096),
+    )
+    for patch in ((16, 32) if name in ("b", "l") else (16,))
+  },
+}
+
+
+def named(name: str, **overrides: Any) -> ModelConfig:
+  """A named size, optionally with overrides: `named('gpt2_small', dropout_rate=0.0)`."""
+  if name not in NAMED_SIZES:
+    raise ValueError(f"unknown model size {name!r}; known: {', '.join(sorted(NAMED_SIZES))}")
+  return ModelConfig(**{**NAMED_SIZES[name], **overrides})

@@ -1,0 +1,181 @@
+"""The task protocol: what differs between training objectives, behind one small class.
+
+A task owns everything that depends on it: the model families that can run it, its batch
+keys and shapes and the pipeline that builds them (`data_spec`), how a batch feeds the
+model (`forward` -> logits, targets, weights), the inputs `model.init` needs, how tokens
+are counted for throughput, and the evaluations it offers during training, at the end of
+a run and from `eval.py` (samples, BLEU, confusion matrices). Training, evaluation and
+analysis code ask the task; they never branch on its name.
+
+A new task is one file defining a `Task` subclass plus one entry in `tasks/__init__.py`.
+
+Letters: B batch, T length, S source length, V vocabulary, C classes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from transformer.data.config import IMAGE_SOURCES, DataConfig
+from transformer.data.datasets import DataInfo
+from transformer.data.spec import DataSpec
+from transformer.nn.config import ModelConfig
+
+Batch = Mapping[str, jax.Array]
+# name -> (valid queries [B, T] bool, valid keys [B, S] bool), or (None, None) for all valid
+MaskFn = Callable[[str], tuple[np.ndarray | None, np.ndarray | None]]
+
+
+# name -> (query labels, key labels) of the first row, None where unlabelled
+LabelFn = Callable[[str], tuple[list[str] | None, list[str] | None]]
+
+
+def token_labels(ids: np.ndarray, tokenizer: Any) -> list[str]:
+  """The first row's tokens as text, one label per position ('·' for an empty piece)."""
+  return [tokenizer.decode([int(i)]) or "·" for i in np.asarray(ids)[0]]
+
+
+def fail(field: str, value: Any, rule: str) -> None:
+  """Raises the one-line config error: `config.FIELD=VALUE: RULE`."""
+  raise ValueError(f"config.{field}={value!r}: {rule}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Extras:
+  """Task evaluations during and after training (top-level config fields of the same name)."""
+
+  bleu_every: int = 0  # seq2seq: steps between BLEU evaluations (and at the end); 0 = never
+  bleu_beam_size: int = 1  # seq2seq: beam size of that decoding (1 = greedy)
+  sample_prompt: str = ""  # LM: text whose continuation is printed at the end
+  sample_tokens: int = 200  # LM: tokens sampled at the end (0 = no sample)
+  sample_temperature: float = 0.8  # LM: sampling temperature of the final sample
+  seed: int = 0  # seeds the sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+  """What `eval.py` asks of a run beyond the loss metrics."""
+
+  prompts: tuple[str, ...] = ()  # LM: texts to continue
+  num_samples: int = 1  # LM: samples per prompt
+  max_new_tokens: int = 200  # LM: tokens to sample
+  temperature: float = 1.0  # LM: sampling temperature
+  top_k: int = 0  # LM: keep the k most likely tokens (0 = all)
+  top_p: float = 1.0  # LM: nucleus mass (1 = all)
+  bleu_method: str = "beam"  # translation decoding: beam | greedy
+  beam_size: int = 4  # translation beam size
+
+
+@dataclasses.dataclass
+class Run:
+  """A model with its parameters and the data it is evaluated on (what evaluations read)."""
+
+  model: nn.Module
+  params: Any
+  info: DataInfo
+  eval_factory: Callable[[], Iterator[dict[str, np.ndarray]]]
+  eval_batches: int  # batches per evaluation; 0 = the whole split
+  workdir: str
+  step: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """A training objective. Subclasses are frozen dataclasses (hashable: the step is
+  compiled with the task as a static argument) and override what differs."""
+
+  name: ClassVar[str] = ""
+  families: ClassVar[tuple[str, ...]] = ()  # model families that can run this task
+  count_key: ClassVar[str | None] = "segment_ids"  # tokens/s counts its entries > 0; None: rows
+  extra_vocab: ClassVar[int] = 0  # ids the task adds above the tokenizer's (e.g. sentinels)
+  images: ClassVar[bool] = False  # batches hold images (no tokenizer)
+  prompts: ClassVar[bool] = False  # eval.py --prompt continues text with this task's model
+
+  @classmethod
+  def create(cls, data: DataConfig, seq_len: int) -> Task:
+    """The task for a run's data settings (options derived from them go in fields)."""
+    del data, seq_len
+    return cls()
+
+  # Configuration -------------------------------------------------------------------------
+
+  def check(self, model: ModelConfig, data: DataConfig) -> None:
+    """Raises `ValueError` (one line naming the field) for settings this task cannot run."""
+    if model.family not in self.families:
+      fail("data.kind", data.kind, f"needs model.family {' or '.join(self.families)}, "
+           f"not {model.family!r}")  # fmt: skip
+    if not self.images and data.source in IMAGE_SOURCES:
+      fail("data.source", data.source, f"holds images, but data.kind {self.name!r} reads text")
+    if self.images != (data.tokenizer == "none"):
+      rule = "must be 'none' for image tasks" if self.images else "the task reads text: not 'none'"
+      fail("data.tokenizer", data.tokenizer, rule)
+
+  def data_spec(self) -> DataSpec:
+    raise NotImplementedError  # every task defines its batches
+
+  # The step ------------------------------------------------------------------------------
+
+  def forward(
+    self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """(logits [B, T, V] or [B, C], targets [B, T] or [B], weights of the same shape)."""
+    raise NotImplementedError  # every task defines its forward pass
+
+  def init_args(self, batch: Batch) -> tuple[tuple, dict]:
+    """Positional and keyword arguments of `model.init` for a batch of this task."""
+    raise NotImplementedError  # every task defines its model inputs
+
+  def check_batch(self, batch: Mapping[str, np.ndarray]) -> None:
+    """Host-side check of a batch before it is placed on the devices (default: none)."""
+
+  def count(self, batch: Mapping[str, np.ndarray]) -> float:
+    """Tokens (or examples) the batch contributes to the throughput figures."""
+    if self.count_key is None:
+      return float(len(next(iter(batch.values()))))
+    return float(np.count_nonzero(np.asarray(batch[self.count_key]) > 0))
+
+  # Evaluations ---------------------------------------------------------------------------
+
+  def during_training(self, run: Run, extras: Extras, done: int, total: int) -> dict[str, Any]:
+    """Metrics added to a periodic evaluation at update `done` (default: none)."""
+    del run, extras, done, total
+    return {}
+
+  def after_training(self, run: Run, extras: Extras) -> None:
+    """Runs once at the end of training on the primary process (default: nothing)."""
+    del run, extras
+
+  def evaluate(self, run: Run, options: EvalOptions) -> dict[str, Any]:
+    """What `eval.py` reports beyond the loss metrics (default: nothing)."""
+    del run, options
+    return {}
+
+  def check_options(self, options: EvalOptions, run_model: ModelConfig, tokenizer: Any) -> None:
+    """Refuses `eval.py` options this task cannot honour, before any evaluation work."""
+    del run_model, tokenizer
+    if options.prompts and not self.prompts:
+      raise ValueError(f"--prompt is for language models; this run trains {self.name!r}")
+
+  # Analysis ------------------------------------------------------------------------------
+
+  def attention_masks(self, batch: Mapping[str, np.ndarray]) -> MaskFn:
+    """Valid queries and keys of each attention module (by module name) for a batch."""
+    valid = np.asarray(batch["segment_ids"]) > 0
+    return lambda name: (valid, valid)
+
+  def attention_labels(self, batch: Mapping[str, np.ndarray], tokenizer: Any) -> LabelFn:
+    """Token labels of the first row's queries and keys, per attention module (heatmaps)."""
+    row = token_labels(batch["inputs"], tokenizer)
+    return lambda name: (row, row)
+
+  def text_batch(self, tokenizer: Any, text: str, max_len: int) -> dict[str, np.ndarray]:
+    """A one-row batch of `text` for attention analysis."""
+    del tokenizer, max_len
+    raise ValueError(f"text input is for token models (lm, mlm, classification); not {text!r} "
+                     f"for task {self.name!r}")  # fmt: skip

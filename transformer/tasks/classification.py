@@ -1,0 +1,80 @@
+"""Text classification with an encoder (BERT fine-tuning): one label per text.
+
+Batches: inputs ([CLS] first), segment_ids, positions [B, T]; label [B] (-1 on padding
+rows of evaluation batches, which get weight 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grain
+
+from transformer.data import pipeline
+from transformer.data.config import DataConfig
+from transformer.data.spec import I32, DataContext, DataSpec
+from transformer.nn.config import ModelConfig
+from transformer.tasks import evals
+from transformer.tasks.base import fail
+from transformer.tasks.labels import Classifying, labels_and_weights
+
+
+def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
+  return pipeline.classification_dataset(
+    c.source(train),
+    c.tok,
+    batch_size=rows,
+    train=train,
+    text_key=c.text_key,
+    label_key=c.label_key,
+    **c.text_common(),
+  )
+
+
+def _shapes(rows: int, s: int, t: int, image_shape) -> dict:
+  del t, image_shape
+  return {
+    "inputs": ((rows, s), I32),
+    "segment_ids": ((rows, s), I32),
+    "positions": ((rows, s), I32),
+    "label": ((rows,), I32),
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class TextClassification(Classifying):
+  name = "classification"
+  families = ("encoder",)
+
+  def check(self, model: ModelConfig, data: DataConfig) -> None:
+    super().check(model, data)
+    if data.source not in ("labelled", "tfds"):
+      fail("data.source", data.source, "data.kind 'classification' reads 'labelled' or 'tfds' data")
+
+  def data_spec(self) -> DataSpec:
+    return DataSpec(
+      build=_build,
+      shapes=_shapes,
+      labelled=True,
+      row_budget=lambda counts, s, t: [(counts[0] + 1, s)],  # [CLS]
+    )
+
+  def forward(self, model, variables, batch, deterministic, rngs):
+    logits = model.apply(
+      variables,
+      batch["inputs"],
+      segment_ids=batch["segment_ids"],
+      positions=batch["positions"],
+      deterministic=deterministic,
+      rngs=rngs,
+    )  # [B, C]
+    return logits, *labels_and_weights(batch)
+
+  def init_args(self, batch):
+    return (batch["inputs"],), {
+      "segment_ids": batch["segment_ids"],
+      "positions": batch["positions"],
+    }
+
+  def text_batch(self, tokenizer, text: str, max_len: int):
+    return evals.text_batch(tokenizer, text, max_len)

@@ -1,0 +1,118 @@
+"""Next-token prediction for decoder-only models (GPT): loss, perplexity and text samples.
+
+Batches [B, T] (int32 unless noted): inputs, targets (the next tokens), weights f32,
+segment_ids (1, 2, ... per packed example, 0 = padding), positions (restart per example).
+From a token stream (source 'text', or `data.windows`): windows of T + 1 tokens (nanoGPT);
+from records: [BOS] text [EOS] examples, packed or padded into rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grain
+
+from transformer.data import pipeline
+from transformer.data.spec import F32, I32, DataContext, DataSpec
+from transformer.tasks import evals
+from transformer.tasks.base import EvalOptions, Extras, Run, Task
+
+KEYS = ("inputs", "targets", "weights", "segment_ids", "positions")
+
+
+def token_shapes(keys: tuple[str, ...]):
+  """Shapes of batches whose every key is [B, T] (weights float32, the rest int32)."""
+
+  def shapes(rows: int, s: int, t: int, image_shape) -> dict:
+    del t, image_shape
+    return {k: ((rows, s), F32 if k == "weights" else I32) for k in keys}
+
+  return shapes
+
+
+def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
+  return pipeline.lm_dataset(
+    c.source(train),
+    c.tok,
+    batch_size=rows,
+    train=train,
+    windows=bool(c.streams),
+    packed=c.cfg.packing,
+    text_key=c.text_key,
+    **c.text_common(),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class LanguageModeling(Task):
+  name = "lm"
+  families = ("decoder",)
+  prompts = True
+
+  def data_spec(self) -> DataSpec:
+    return DataSpec(
+      build=_build,
+      shapes=token_shapes(KEYS),
+      window=lambda s, t: s,
+      packing_key="segment_ids",
+      row_budget=lambda counts, s, t: [(counts[0] + 2, s + 1)],  # BOS + EOS; T + 1 tokens
+    )
+
+  def forward(self, model, variables, batch, deterministic, rngs):
+    logits = model.apply(
+      variables,
+      batch["inputs"],
+      positions=batch["positions"],
+      segment_ids=batch["segment_ids"],
+      deterministic=deterministic,
+      rngs=rngs,
+    )  # [B, T, V]
+    return logits, batch["targets"], batch["weights"]
+
+  def init_args(self, batch):
+    return (batch["inputs"],), {
+      "positions": batch["positions"],
+      "segment_ids": batch["segment_ids"],
+    }
+
+  def after_training(self, run: Run, extras: Extras) -> None:
+    if not extras.sample_tokens:
+      return
+    prompt = extras.sample_prompt or "\n"
+    room = run.model.config.max_len - len(run.info.tokenizer.encode(prompt))
+    max_new = min(extras.sample_tokens, room)
+    (sample,) = evals.sample_texts(
+      run.model,
+      run.params,
+      run.info.tokenizer,
+      [prompt],
+      max_new_tokens=max_new,
+      temperature=extras.sample_temperature,
+      seed=extras.seed,
+    )
+    print(f"--- sample ({max_new} tokens, temperature {extras.sample_temperature}) ---")
+    print(prompt + sample["sample"])
+
+  def check_options(self, options: EvalOptions, run_model, tokenizer) -> None:
+    if options.prompts:  # bad prompts fail before any evaluation work
+      evals.check_prompts(tokenizer, list(options.prompts), options.max_new_tokens,
+                          run_model.max_len)  # fmt: skip
+
+  def evaluate(self, run: Run, options: EvalOptions) -> dict:
+    if not options.prompts:
+      return {}
+    samples = evals.sample_texts(
+      run.model,
+      run.params,
+      run.info.tokenizer,
+      list(options.prompts),
+      num_samples=options.num_samples,
+      max_new_tokens=options.max_new_tokens,
+      temperature=options.temperature,
+      top_k=options.top_k,
+      top_p=options.top_p,
+    )
+    return {"samples": samples}
+
+  def text_batch(self, tokenizer, text: str, max_len: int):
+    return evals.text_batch(tokenizer, text, max_len)

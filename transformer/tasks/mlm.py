@@ -1,0 +1,103 @@
+"""Masked-LM pretraining for encoders (BERT): predict the masked tokens.
+
+Batches [B, T]: inputs (corrupted: 80% [MASK], 10% random, 10% kept), targets (original),
+weights f32 (1 = predicted), segment_ids, positions; rows are [CLS] text [SEP] segments,
+packed. The head runs only at the scored positions, padded to `max_predictions` per row
+(BERT's max_predictions_per_seq = `masking.max_selected(mask_rate, T)`); a batch row that
+scores more is refused on the host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grain
+import jax.numpy as jnp
+import numpy as np
+
+from transformer.data import masking, pipeline
+from transformer.data.config import DataConfig
+from transformer.data.spec import DataContext, DataSpec
+from transformer.nn.config import ModelConfig
+from transformer.tasks import evals
+from transformer.tasks.base import Task, fail
+from transformer.tasks.lm import KEYS, token_shapes
+
+
+def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
+  return pipeline.mlm_dataset(
+    c.source(train),
+    c.tok,
+    batch_size=rows,
+    train=train,
+    windows=bool(c.streams),
+    packed=c.cfg.packing,
+    text_key=c.text_key,
+    mask_rate=c.cfg.mask_rate,
+    whole_word=c.cfg.whole_word_masking,
+    **c.text_common(),
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedLanguageModeling(Task):
+  name = "mlm"
+  families = ("encoder",)
+  # Logits only at up to this many scored positions per row (None: at all positions).
+  max_predictions: int | None = None
+
+  @classmethod
+  def create(cls, data: DataConfig, seq_len: int) -> MaskedLanguageModeling:
+    return cls(max_predictions=masking.max_selected(data.mask_rate, seq_len))
+
+  def check(self, model: ModelConfig, data: DataConfig) -> None:
+    super().check(model, data)
+    if model.num_classes:
+      fail("model.num_classes", model.num_classes, "must be 0 for masked-LM training")
+
+  def data_spec(self) -> DataSpec:
+    return DataSpec(
+      build=_build,
+      shapes=token_shapes(KEYS),
+      window=lambda s, t: s - 2,  # [CLS] window [SEP]
+      packing_key="segment_ids",
+      row_budget=lambda counts, s, t: [(counts[0] + 2, s)],  # [CLS] + [SEP]
+    )
+
+  def forward(self, model, variables, batch, deterministic, rngs):
+    targets, weights, predict = batch["targets"], batch["weights"], None
+    if self.max_predictions is not None:
+      scored_first = jnp.argsort(weights <= 0, axis=-1, stable=True)  # [B, T]
+      predict = scored_first[:, : self.max_predictions]  # [B, P]; weight 0 where a row has fewer
+      targets = jnp.take_along_axis(targets, predict, axis=-1)
+      weights = jnp.take_along_axis(weights, predict, axis=-1)
+    logits = model.apply(
+      variables,
+      batch["inputs"],
+      segment_ids=batch["segment_ids"],
+      positions=batch["positions"],
+      deterministic=deterministic,
+      rngs=rngs,
+      predict_positions=predict,
+    )  # [B, T or P, V]
+    return logits, targets, weights
+
+  def init_args(self, batch):
+    return (batch["inputs"],), {
+      "segment_ids": batch["segment_ids"],
+      "positions": batch["positions"],
+    }
+
+  def check_batch(self, batch) -> None:
+    if self.max_predictions is None:
+      return
+    most = int(np.max(np.sum(np.asarray(batch["weights"]) > 0, axis=-1), initial=0))
+    if most > self.max_predictions:
+      raise ValueError(
+        f"an MLM batch row scores {most} positions, more than the {self.max_predictions} the "
+        "train step predicts per row (data.mask_rate x seq_len); the batch does not come from "
+        "transformer.data's MLM masking"
+      )
+
+  def text_batch(self, tokenizer, text: str, max_len: int):
+    return evals.text_batch(tokenizer, text, max_len)

@@ -1,0 +1,99 @@
+"""Prefix-LM pretraining for decoder-only models (Raffel et al. 2020, 3.2.1; UniLM).
+
+Each row is a window of T + 1 tokens of the text, cut at a uniformly random point p in
+[1, T - 1]: the first p input tokens are the prefix, seen bidirectionally (every prefix
+token attends to every other), the rest is predicted causally. The loss covers the suffix
+only: the predictions of tokens p .. T (input positions p - 1 .. T - 1), so no position
+is trained to predict a token it can see.
+
+Batches [B, T]: inputs, targets (next tokens), weights f32 (1 on the suffix), segment_ids
+(0 = padding), positions, prefix_mask (1 on the prefix).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import grain
+import numpy as np
+
+from transformer.data import pipeline
+from transformer.data.config import DataConfig
+from transformer.data.spec import DataContext, DataSpec
+from transformer.nn.config import ModelConfig
+from transformer.tasks.base import Task, fail
+from transformer.tasks.lm import token_shapes
+
+KEYS = ("inputs", "targets", "weights", "segment_ids", "positions", "prefix_mask")
+
+
+def split_window(window: np.ndarray, seq_len: int, prefix: int) -> dict[str, np.ndarray]:
+  """The row of a window of <= T + 1 tokens whose first `prefix` inputs are the prefix."""
+  inputs, targets = window[:-1], window[1:]  # [<= T]
+  n = len(inputs)
+  t = np.arange(seq_len)  # [T]
+  valid = t < n
+  return {
+    "inputs": np.pad(inputs, (0, seq_len - n)).astype(np.int32),
+    "targets": np.pad(targets, (0, seq_len - n)).astype(np.int32),
+    "weights": (valid & (t >= prefix - 1)).astype(np.float32),
+    "segment_ids": valid.astype(np.int32),
+    "positions": np.where(valid, t, 0).astype(np.int32),
+    "prefix_mask": (valid & (t < prefix)).astype(np.int32),
+  }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Split:
+  """A window start -> one prefix-LM row, cut at a random point (grain `random_map`)."""
+
+  tokens: np.ndarray  # int32 [N], the split's token stream
+  seq_len: int
+
+  def __call__(self, start: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    window = self.tokens[start : start + self.seq_len + 1]  # [<= T + 1]
+    n = len(window) - 1
+    prefix = int(rng.integers(1, n)) if n > 1 else 1
+    return split_window(window, self.seq_len, prefix)
+
+
+def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
+  tokens = c.source(train)
+  starts = pipeline.window_starts(tokens, c.seq_len, train, c.splits.name)
+  if train:  # shuffle, then deal windows to hosts (as the LM task)
+    starts = pipeline.shuffled(starts, c.seed, c.loader)
+  seed = pipeline.derive_seed(c.seed, "prefix")
+  ds = pipeline.shard(starts, c.loader).random_map(_Split(tokens, c.seq_len), seed=seed)
+  if not train:
+    return pipeline.eval_batches(ds, len(starts), rows, c.loader)
+  return pipeline.train_batches(pipeline.to_iter(ds, c.loader), rows, c.loader)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefixLanguageModeling(Task):
+  name = "prefix_lm"
+  families = ("decoder",)
+
+  def check(self, model: ModelConfig, data: DataConfig) -> None:
+    super().check(model, data)
+    if not data.uses_windows:
+      fail("data.windows", data.windows, "prefix_lm reads the text as one token stream")
+
+  def data_spec(self) -> DataSpec:
+    return DataSpec(build=_build, shapes=token_shapes(KEYS), window=lambda s, t: s)
+
+  def forward(self, model, variables, batch, deterministic, rngs):
+    logits = model.apply(
+      variables,
+      batch["inputs"],
+      positions=batch["positions"],
+      segment_ids=batch["segment_ids"],
+      prefix_mask=batch["prefix_mask"],
+      deterministic=deterministic,
+      rngs=rngs,
+    )  # [B, T, V]
+    return logits, batch["targets"], batch["weights"]
+
+  def init_args(self, batch):
+    keys = ("positions", "segment_ids", "prefix_mask")
+    return (batch["inputs"],), {k: batch[k] for k in keys}

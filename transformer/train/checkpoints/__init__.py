@@ -1,0 +1,46 @@
+"""Checkpoints: a thin wrapper over orbax `CheckpointManager` with our safety rules.
+
+One checkpoint is the directory `<directory>/<step>/` holding four orbax items:
+  state      the train-state pytree (params, opt_state, step, rng, ...): `StandardSave`
+             (tensorstore/OCDBT arrays + JSON metadata; never pickle)
+  checksums  JSON: CRC32, dtype and shape of every array of `state`, taken from the host
+             copy before writing (absent in older checkpoints, which are not verified)
+  data       the data-iterator state, a JSON dict (absent when not given)
+  config     the run config as JSON (absent when not given)
+
+Rules on top of orbax:
+  * keep the newest `max_to_keep` steps plus the best `keep_best` by the eval metric
+    `best_metric` (mode min or max); a checkpoint saved without metrics is kept only
+    while it is among the newest;
+  * saves are asynchronous (device arrays are copied to host before `save` returns, so
+    the state may be donated right after); `wait_until_finished()` blocks on the write;
+  * a step that exists, or is not after the latest, is never written (`save` -> False);
+  * restore goes into an abstract target (`jax.ShapeDtypeStruct`s with shardings), so a
+    checkpoint restores onto any device count or mesh; the checkpoint's tree is compared
+    with the target from its metadata first, and a mismatch is a `ValueError` naming the
+    paths;
+  * a corrupt or truncated newest checkpoint (unreadable files, or arrays whose CRC32
+    differs from the saved one: tensorstore reads a flipped byte inside a compressed
+    chunk silently) is moved to `<directory>/corrupt/<step>` (never deleted) with a
+    `CorruptCheckpointWarning` naming what was wrong, and the next newest is tried;
+  * nothing is unpickled: orbax reads JSON and tensorstore arrays, and files planted
+    beside them (e.g. a `.pkl` or `.npy`) are never opened.
+
+Modules:
+  manager        `CheckpointManager` (save / restore / best / fallback) and `Restored`
+  integrity      CRC32 checksums, their verification, moving a corrupt step aside
+  serialisation  tree paths, the target comparison and its message, config as JSON
+"""
+
+from transformer.train.checkpoints.integrity import CORRUPT_DIR, CorruptCheckpointWarning
+from transformer.train.checkpoints.manager import CheckpointManager, Restored
+from transformer.train.checkpoints.serialisation import config_to_json, write_config
+
+__all__ = [
+  "CORRUPT_DIR",
+  "CheckpointManager",
+  "CorruptCheckpointWarning",
+  "Restored",
+  "config_to_json",
+  "write_config",
+]

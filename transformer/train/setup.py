@@ -1,0 +1,146 @@
+"""Everything built from a validated experiment before the first step: `build(exp, workdir)`.
+
+Shared by training (`train/loop.py`) and evaluation (`eval/evaluate.py`): the task's data
+(grain iterators), the model with the sizes the data decides, the optimizer, the compiled
+steps (`StepRunner`) and an initial train state. Also the run's saved model config, and
+the one rule that decides whether a saved run and a config describe the same model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from transformer.data.datasets import DataInfo, make_datasets
+from transformer.data.files import write_atomic
+from transformer.nn import partitioning
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import build_model
+from transformer.tasks import Task
+from transformer.train import finetune
+from transformer.train.experiment import Experiment, finalize_model
+from transformer.train.optimizer import create_optimizer
+from transformer.train.parallel import StepRunner
+from transformer.train.step import StepConfig, TrainState, create_train_state
+
+MODEL_CONFIG_FILE = "model_config.json"
+
+# ModelConfig fields that change how a model computes, not what it is: a run may resume or
+# be evaluated with other values. Any other difference is a different model.
+RUNTIME_FIELDS = (
+  "dropout_rate",
+  "attention_dropout_rate",
+  "attention_impl",
+  "attention_chunk_size",
+  "dtype",
+  "remat_policy",
+)
+
+
+@dataclasses.dataclass
+class Setup:
+  """Everything built from a config before the first step."""
+
+  exp: Experiment
+  info: DataInfo
+  train_iter: Any
+  eval_factory: Any
+  model_cfg: ModelConfig
+  model: Any
+  tx: Any
+  runner: StepRunner
+  state: TrainState  # freshly initialised (not yet restored)
+
+
+def zeros_batch(info: DataInfo, train: bool = True, rows: int | None = None) -> dict:
+  """A batch of zeros with the data's shapes (for init and compilation)."""
+  out = {}
+  for key, (shape, dtype) in info.batch_shapes(train).items():
+    out[key] = np.zeros((rows or shape[0], *shape[1:]), dtype)
+  return out
+
+
+def init_params(model, task: Task, info: DataInfo, seed: int) -> Any:
+  """Float32 parameters of `model`, shaped by one row of the task's batches."""
+  args, kwargs = task.init_args(zeros_batch(info, rows=1))
+  rng = jax.random.PRNGKey(seed)
+  return jax.jit(lambda r: model.init(r, *args, **kwargs))(rng)["params"]
+
+
+def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
+  """Data, model, optimizer, compiled steps and an initial state for `exp`.
+
+  `perturb` is the step's optional hook (`StepConfig.perturb`).
+  """
+  loop = exp.loop
+  train_iter, eval_factory, info = make_datasets(
+    exp.data, exp.task.data_spec(), workdir, loop.batch_size, loop.seq_len, loop.seed
+  )
+  if loop.init_from:
+    finetune.check_init_tokenizer(loop.init_from, info)
+  model_cfg = finalize_model(exp, info.vocab_size, info.num_classes)
+  longest = max(info.seq_len, info.target_seq_len)
+  if not exp.task.images and longest > model_cfg.max_len:
+    raise ValueError(f"config.seq_len={longest} exceeds config.model.max_len={model_cfg.max_len}")
+  model = build_model(model_cfg)
+  params = init_params(model, exp.task, info, loop.seed)
+  tx = create_optimizer(exp.optimizer, exp.schedule, params)
+  step_cfg = StepConfig(
+    model=model,
+    tx=tx,
+    task=exp.task,
+    label_smoothing=loop.label_smoothing,
+    z_loss=loop.z_loss,
+    grad_accum_steps=loop.grad_accum_steps,
+    schedule=exp.schedule,
+    perturb=perturb,
+  )
+  mesh = partitioning.make_mesh(exp.mesh.shape())
+  runner = StepRunner(step_cfg, loop.parallelism, mesh, exp.rules)
+  runner.check_batch_size(info.batch_size // loop.grad_accum_steps, "batch_size / grad_accum_steps")
+  runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
+  state = create_train_state(params, tx, jax.random.PRNGKey(loop.seed + 1))
+  return Setup(exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state)
+
+
+def load_model_config(workdir: str) -> ModelConfig:
+  """The finalized model config a run saved in its workdir."""
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path}: no saved model config (is {workdir} a training workdir?)")
+  try:
+    with open(path, encoding="utf-8") as f:
+      fields = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: unreadable saved model config ({e})") from None
+  if not isinstance(fields, dict):
+    raise ValueError(f"{path}: the saved model config is not a JSON object")
+  return ModelConfig(**fields)
+
+
+def save_model_config(workdir: str, model_cfg: ModelConfig) -> None:
+  write_atomic(os.path.join(workdir, MODEL_CONFIG_FILE), json.dumps(model_cfg.to_dict(), indent=2))
+
+
+def check_same_model(workdir: str, model_cfg: ModelConfig) -> None:
+  """A workdir holding another model's run is an error naming the differing fields
+  (`RUNTIME_FIELDS` may differ)."""
+  path = os.path.join(workdir, MODEL_CONFIG_FILE)
+  if not os.path.exists(path):
+    return
+  saved = load_model_config(workdir).to_dict()
+  diffs = [
+    f"model.{k}: checkpoint {saved.get(k)!r} vs config {v!r}"
+    for k, v in model_cfg.to_dict().items()
+    if k not in RUNTIME_FIELDS and saved.get(k) != v
+  ]
+  if diffs:
+    raise ValueError(
+      f"{workdir} holds a run of a different model ({'; '.join(diffs)}); "
+      "use another --workdir or the same model settings"
+    )
