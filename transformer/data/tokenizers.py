@@ -288,11 +288,9 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
 
 
 def tokenizer_filename(kind: str, vocab_size: int = 0, model_type: str = "unigram") -> str:
-  if kind == "sentencepiece":
-    return f"spm_{model_type}_{vocab_size}.model"
-  if kind in ("char", "byte"):
-    return f"{kind}_vocab.json"
-  raise ValueError(f"tokenizer kind must be 'char', 'byte' or 'sentencepiece', got {kind!r}")
+  if kind not in _TRAINERS:
+    raise ValueError(f"tokenizer kind must be 'char', 'byte' or 'sentencepiece', got {kind!r}")
+  return f"spm_{model_type}_{vocab_size}.model" if kind == "sentencepiece" else f"{kind}_vocab.json"
 
 
 def get_tokenizer(
@@ -310,12 +308,17 @@ def get_tokenizer(
   path = Path(cache_dir) / tokenizer_filename(kind, vocab_size, model_type)
   if path.exists():
     return load_tokenizer(path)
-  if kind == "byte":
-    tok: Tokenizer = ByteTokenizer()
-  elif kind == "char":
-    tok = CharTokenizer.train(training_texts())
-  else:
-    tok = SentencePieceTokenizer.train(training_texts(), vocab_size, model_type)
+  tok = _TRAINERS[kind](training_texts, vocab_size, model_type)
   tok.save(path)
   logging.info("trained %s tokenizer (vocab %d) -> %s", kind, tok.vocab_size, path)
   return tok
+
+
+# kind -> (training texts, vocab_size, model_type) -> a trained tokenizer
+_TRAINERS: dict[str, Callable[[Callable[[], Iterable[str]], int, str], Tokenizer]] = {
+  "byte": lambda texts, vocab_size, model_type: ByteTokenizer(),
+  "char": lambda texts, vocab_size, model_type: CharTokenizer.train(texts()),
+  "sentencepiece": lambda texts, vocab_size, model_type: SentencePieceTokenizer.train(
+    texts(), vocab_size, model_type
+  ),
+}

@@ -97,6 +97,39 @@ def decay_mask(params: Any, decay_embeddings: bool = False) -> Any:
   )
 
 
+def _adamw(cfg: OptimizerConfig, schedule, mask_fn) -> optax.GradientTransformation:
+  return optax.adamw(
+    schedule,
+    b1=cfg.b1,
+    b2=cfg.b2,
+    eps=cfg.eps,
+    mu_dtype=jnp.float32,
+    weight_decay=cfg.weight_decay,
+    mask=mask_fn,
+  )
+
+
+def _sgd(cfg: OptimizerConfig, schedule, mask_fn) -> optax.GradientTransformation:
+  """Weight decay as an L2 gradient term, as torch.optim.SGD."""
+  return optax.chain(
+    optax.add_decayed_weights(cfg.weight_decay, mask=mask_fn),
+    optax.sgd(
+      schedule, momentum=cfg.momentum or None, nesterov=cfg.nesterov, accumulator_dtype=jnp.float32
+    ),
+  )
+
+
+def _adafactor(cfg: OptimizerConfig, schedule, mask_fn) -> optax.GradientTransformation:
+  """optax's Adafactor: its decay is not scaled by the learning rate."""
+  return optax.adafactor(
+    schedule, weight_decay_rate=cfg.weight_decay or None, weight_decay_mask=mask_fn
+  )
+
+
+# kind -> (config, schedule, decay mask function) -> the optimizer before clipping
+_OPTIMIZERS = {"adamw": _adamw, "sgd": _sgd, "adafactor": _adafactor}
+
+
 def create_optimizer(
   config_block: Mapping[str, Any] | Any, schedule: schedules.Schedule | float, params: Any
 ) -> optax.GradientTransformation:
@@ -125,31 +158,7 @@ def create_optimizer(
   if cfg.weight_decay > 0 and not any(jax.tree.leaves(mask_fn(params))):
     raise ValueError("weight_decay > 0 but the decay mask excludes every parameter of params")
 
-  kind = cfg.kind
-  if kind == "adamw":
-    tx = optax.adamw(
-      schedule,
-      b1=cfg.b1,
-      b2=cfg.b2,
-      eps=cfg.eps,
-      mu_dtype=jnp.float32,
-      weight_decay=cfg.weight_decay,
-      mask=mask_fn,
-    )
-  elif kind == "sgd":  # weight decay as an L2 gradient term, as torch.optim.SGD
-    tx = optax.chain(
-      optax.add_decayed_weights(cfg.weight_decay, mask=mask_fn),
-      optax.sgd(
-        schedule,
-        momentum=cfg.momentum or None,
-        nesterov=cfg.nesterov,
-        accumulator_dtype=jnp.float32,
-      ),
-    )
-  else:  # optax's Adafactor: its decay is not scaled by the learning rate
-    tx = optax.adafactor(
-      schedule, weight_decay_rate=cfg.weight_decay or None, weight_decay_mask=mask_fn
-    )
+  tx = _OPTIMIZERS[cfg.kind](cfg, schedule, mask_fn)
   if cfg.clip_norm > 0:
     tx = optax.chain(optax.clip_by_global_norm(cfg.clip_norm), tx)
   return tx

@@ -163,16 +163,18 @@ def create_schedule(kind: str, **fields: Any) -> Schedule:
   missing = [f for f in _REQUIRED[kind] if f not in present]
   if missing:
     raise ValueError(f"schedule kind {kind!r} requires field(s) {missing}")
-  warmup = present.get("warmup_steps", 0)
-  if kind == "noam":
-    return noam(present["d_model"], warmup, present.get("scale", 1.0))
-  if kind == "cosine":
-    return warmup_cosine(
-      present["learning_rate"], present["total_steps"], warmup, present.get("final_fraction", 0.0)
-    )
-  if kind == "rsqrt":
-    return warmup_rsqrt(present["learning_rate"], warmup)
-  return constant(present["learning_rate"], warmup)
+  return _BUILDERS[kind](present, present.get("warmup_steps", 0))
+
+
+# kind -> (fields present, warmup steps) -> schedule
+_BUILDERS: dict[str, Callable[[dict[str, Any], int], Schedule]] = {
+  "noam": lambda f, warmup: noam(f["d_model"], warmup, f.get("scale", 1.0)),
+  "cosine": lambda f, warmup: warmup_cosine(
+    f["learning_rate"], f["total_steps"], warmup, f.get("final_fraction", 0.0)
+  ),
+  "rsqrt": lambda f, warmup: warmup_rsqrt(f["learning_rate"], warmup),
+  "constant": lambda f, warmup: constant(f["learning_rate"], warmup),
+}
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:
