@@ -7,7 +7,9 @@ configs/lm_shakespeare.py (nanoGPT's CPU recipe).
 
   python train.py --config configs/prefix_lm_shakespeare.py --workdir runs/prefix_lm
 
-The result is in docs/RESULTS.md.
+Result (2-core AVX-512 CPU shared with other jobs, load ~4): 81 s wall (94 s user CPU);
+validation loss on the suffixes 2.031 nats/char over the whole validation split (2.473 at
+step 500); see docs/RESULTS.md.
 """
 
 from transformer.train.experiment import default_config
