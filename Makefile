@@ -29,8 +29,12 @@ lint: $(VENV)/.installed
 format: $(VENV)/.installed
 	$(PY) -m ruff format . && $(PY) -m ruff check --fix .
 
+# The header comments stay; local version labels (torch's '+cpu') are dropped, since a plain
+# package index does not serve them.
 lock: $(VENV)/.installed
-	$(PY) -m pip freeze --exclude-editable | grep -v '^transformer' > requirements-lock.txt
+	{ grep '^#' requirements-lock.txt; $(PY) -m pip freeze --exclude-editable \
+	  | grep -v '^transformer' | sed -E 's/^([^=]+==[^+]+)[+].*$$/\1/'; } > requirements-lock.txt.new
+	mv requirements-lock.txt.new requirements-lock.txt
 
 clean-venv:
 	rm -rf $(VENV)

@@ -1,5 +1,6 @@
 """Checkpoints: round trip, retention, async, resharding, mismatch errors, corruption."""
 
+import fnmatch
 import gc
 import glob
 import json
@@ -253,7 +254,7 @@ def _truncate_largest_chunk(step_dir):
 
 
 def _garble_data_json(step_dir):
-  (step_dir / "data" / "metadata").write_text('{"position": 1')
+  (step_dir / "data" / "process_0-of-1.json").write_text('{"position": 1')
 
 
 def _delete_state_metadata(step_dir):
@@ -361,3 +362,113 @@ def test_bad_save_and_restore_arguments_raise(tmp_path):
     mngr.wait_until_finished()
     with pytest.raises(ValueError, match=r"saved steps \[1\]"):
       mngr.restore(_target(_state()), step=2)
+
+
+def test_data_state_is_one_grain_file_per_process_and_legacy_json_still_restores(tmp_path):
+  state = _state()
+  with checkpoints.CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(1, state, data_state={"position": 1})
+    mngr.save(2, state, data_state={"position": 2})
+  assert fnmatch.filter(os.listdir(tmp_path / "2" / "data"), "*.json") == ["process_0-of-1.json"]
+  assert json.loads((tmp_path / "2" / "data" / "process_0-of-1.json").read_text()) == {
+    "position": 2
+  }
+  # Step 1 as a checkpoint from before per-process states: one JSON item (`data/metadata`).
+  os.remove(tmp_path / "1" / "data" / "process_0-of-1.json")
+  (tmp_path / "1" / "data" / "metadata").write_text('{"position": 1}')
+  with checkpoints.CheckpointManager(tmp_path, async_save=False) as mngr:
+    restored = mngr.restore(_target(state), step=1)
+    latest = mngr.restore(_target(state))
+  assert restored.data_state == {"position": 1} and restored.data_processes is None
+  assert restored.resumable_data_state() == {"position": 1}  # one process: exact
+  assert latest.data_processes == 1 and latest.resumable_data_state() == {"position": 2}
+
+
+def test_data_states_of_another_process_count_are_refused_naming_both_counts(tmp_path):
+  state = _state()
+  with checkpoints.CheckpointManager(tmp_path, async_save=False) as mngr:
+    mngr.save(4, state, data_state={"position": 4})
+  data = tmp_path / "4" / "data"
+  os.rename(data / "process_0-of-1.json", data / "process_0-of-2.json")  # as 2 processes write
+  (data / "process_1-of-2.json").write_text('{"position": 3}')
+  with checkpoints.CheckpointManager(tmp_path, async_save=False) as mngr:
+    restored = mngr.restore(_target(state))  # evaluation needs no data state: it restores
+  assert restored.step == 4 and restored.data_processes == 2 and restored.data_state is None
+  with pytest.raises(ValueError, match=r"states of 2 processes and this run has 1") as error:
+    restored.resumable_data_state()
+  assert "\n" not in str(error.value) and "resume with 2 processes" in str(error.value)
+
+
+def _alter_first_element_of_part(step_dir, name, index):
+  """Adds 1 to the first element of `index` (a tuple of slices) of array `name`, through
+  tensorstore: the chunk stays well-formed, as after a byte flipped inside it."""
+  import tensorstore as ts
+
+  kvstore = {"driver": "ocdbt", "base": {"driver": "file", "path": f"{step_dir}/state/"}}
+  array = ts.open({"driver": "zarr", "kvstore": {**kvstore, "path": f"{name}/"}}).result()
+  start = tuple(s.start for s in index)
+  array[start].write(array[start].read().result() + 1).result()
+
+
+def _shard_checksums(directory):
+  """Sums of every shard of an array split over 8 devices, checked on the same and on
+  another layout (needs 8 devices)."""
+  devices = jax.devices()
+  assert len(devices) >= 8, devices
+  mesh8 = jax.sharding.Mesh(np.array(devices[:8]).reshape(4, 2), ("data", "model"))
+  sharded = NamedSharding(mesh8, P("data", "model"))
+  kernel = jnp.arange(16 * 8, dtype=jnp.float32).reshape(16, 8)
+  state = {
+    "kernel": jax.device_put(kernel, sharded),
+    "bias": jax.device_put(jnp.arange(8.0), NamedSharding(mesh8, P())),
+  }
+  with checkpoints.CheckpointManager(directory, async_save=False) as mngr:
+    for step in (1, 2, 3):
+      mngr.save(step, state)
+  sums = json.loads((directory / "3" / "checksums" / "metadata").read_text())
+  assert sorted(sums["crc32"]) == ["bias"]  # replicated: one whole-array sum
+  parts = sums["shards"]["kernel"]["parts"]
+  assert [index for index, _ in parts] == [
+    [[r, r + 4], [c, c + 4]] for r in range(0, 16, 4) for c in (0, 4)
+  ]
+  _alter_first_element_of_part(directory / "3", "kernel", (slice(8, 12), slice(4, 8)))
+  _alter_first_element_of_part(directory / "2", "kernel", (slice(0, 4), slice(0, 4)))
+  same = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+  whole = jax.tree.map(lambda x: x.update(sharding=NamedSharding(mesh8, P())), same)
+  with checkpoints.CheckpointManager(directory, async_save=False) as mngr:
+    with pytest.raises(ValueError, match=r"step 3 .*kernel\[8:12,4:8\] \(saved crc32"):
+      mngr.restore(same, step=3)
+    with pytest.raises(ValueError, match=r"step 2 .*kernel\[0:4,0:4\] \(saved crc32"):
+      mngr.restore(whole, step=2)  # replicated on restore: every saved part is inside
+    with pytest.warns(checkpoints.CorruptCheckpointWarning) as caught:
+      restored = mngr.restore(same)
+  assert [str(w.message).split(" in ")[0] for w in caught] == [
+    "checkpoint step 3",
+    "checkpoint step 2",
+  ]
+  assert restored.step == 1
+  np.testing.assert_array_equal(np.asarray(restored.state["kernel"]), np.asarray(kernel))
+
+
+def test_checksums_cover_every_shard_of_a_sharded_array(tmp_path):
+  if len(jax.devices()) >= 8:
+    _shard_checksums(tmp_path)
+    return
+  code = textwrap.dedent(
+    f"""
+    import sys, pathlib
+    sys.path.insert(0, {os.path.dirname(__file__)!r})
+    import test_checkpoints
+    test_checkpoints._shard_checksums(pathlib.Path({str(tmp_path)!r}))
+    print("OK")
+    """
+  )
+  env = {
+    **os.environ,
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "JAX_PLATFORMS": "cpu",
+  }
+  result = subprocess.run(
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+  )
+  assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

@@ -11,8 +11,11 @@ import pytest
 import sacrebleu
 
 from transformer import decode as decoding
+from transformer import tasks
+from transformer.data import DataConfig, features, make_datasets, sources
 from transformer.data.tokenizers import CharTokenizer
 from transformer.tasks import evals as evaluation
+from transformer.tasks import seq2seq
 from transformer.train import loop as train_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,11 +45,61 @@ def test_bleu_through_the_project_equals_sacrebleu_on_the_same_strings(monkeypat
     tokens = np.array([row(h) for h in hyps], np.int32)
 
   monkeypatch.setattr(decoding, "translate", lambda *a, **k: Fake)
-  result = evaluation.bleu(None, None, tok, [batch], method="greedy")
+  result = evaluation.bleu(None, None, tok, [batch], method="greedy", references=refs)
   expected = sacrebleu.corpus_bleu(hyps, [refs])
   assert result["bleu"] == pytest.approx(expected.score, abs=1e-9)
   assert result["bleu_signature"].startswith("nrefs:1")
   assert [e["reference"] for e in result["examples"]] == refs
+
+
+def test_bleu_scores_against_the_raw_reference_text_of_the_split(monkeypatch, tmp_path):
+  """References the tokenizer cannot round-trip (unknown characters, truncated rows) are
+  scored as the split stores them, in the order of the evaluation batches."""
+  words = ["Preis", "fünf", "Euro", "5 €", "Straße", "groß", "und", "der", "die", "das"]
+  rng = np.random.default_rng(0)
+  lines = [" ".join(rng.choice(words, 6)) + f" {k}" for k in range(60)]
+  tsv = tmp_path / "copy.tsv"
+  tsv.write_text("en\tde\n" + "".join(f"{t}\t{t}\n" for t in lines), encoding="utf-8")
+  ascii_tok = CharTokenizer.train(
+    ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ 0123456789"]
+  )
+  ascii_tok.save(tmp_path / "ascii.json")  # no 'ü', 'ß' or '€': they encode to UNK
+  cfg = DataConfig(
+    kind="seq2seq", source="pairs", path=str(tsv), data_dir=str(tmp_path / "tfds"),
+    source_column="en", target_column="de", tokenizer="char",
+    tokenizer_from=str(tmp_path / "ascii.json"), validation_fraction=0.4, test_fraction=0.0,
+    target_seq_len=24,
+  )  # fmt: skip
+  spec = tasks.get("seq2seq")().data_spec()
+  _, eval_factory, info = make_datasets(cfg, spec, tmp_path / "run", 8, 24, 0, 0, 1)
+  split = sources.open_splits(cfg, paired=True).eval
+  raw = [features.text_of(split[i], "de") for i in range(len(split))]
+  assert any("€" in r for r in raw) and any(len(r) > 23 for r in raw)  # lossy and truncated
+
+  class Copy:  # a perfect copy model: the hypothesis is the (lossy, truncated) source
+    def __init__(self, inputs):
+      self.tokens = inputs
+
+  monkeypatch.setattr(decoding, "translate", lambda model, params, inputs, **k: Copy(inputs))
+  tok = info.tokenizer
+  result = evaluation.bleu(
+    None, None, tok, eval_factory(), method="greedy",
+    references=seq2seq.eval_references(cfg, str(tmp_path / "run")),
+  )  # fmt: skip
+  hyps = [tok.decode(evaluation._strip(b)) for batch in eval_factory() for b in batch["inputs"]]
+  hyps = hyps[: len(raw)]  # the rest are padding rows
+  assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [raw]).score, abs=1e-9)
+  detok = [tok.decode(evaluation._strip(t)) for b in eval_factory() for t in b["targets"]]
+  assert sacrebleu.corpus_bleu(hyps, [detok[: len(raw)]]).score == pytest.approx(100.0)
+  assert result["bleu"] < 100.0  # against the detokenized targets the copy would be perfect
+  assert [e["reference"] for e in result["examples"]] == raw[:5]
+  assert result["bleu_signature"].startswith("nrefs:1|case:mixed")
+  with pytest.raises(ValueError, match="out of step"):
+    evaluation.bleu(
+      None, None, tok, eval_factory(), method="greedy", references=list(reversed(raw))
+    )
+  with pytest.raises(ValueError, match="too few references"):
+    evaluation.bleu(None, None, tok, eval_factory(), method="greedy", references=raw[:-1])
 
 
 def test_confusion_table_and_png(tmp_path):

@@ -1,9 +1,10 @@
 """Every config in configs/ has a pulse.
 
 Each config file loads with every documented argument and validates; then it trains two
-steps at tiny sizes through `train_lib.train_and_evaluate`, with data pointed at the shipped
-files where its own data is a TFDS dataset this machine does not have. A config file that
-is added without an entry in `RECIPES` fails `test_every_config_is_covered`.
+steps at tiny sizes through `train_lib.train_and_evaluate`, on its own data: the shipped
+files, or, for a config that names a standard TFDS dataset (`TFDS_CONFIGS`), that dataset
+under `tfds.testing.mock_data` (tests/test_tfds_configs.py). A config file that is added
+without an entry in `RECIPES` fails `test_every_config_is_covered`.
 """
 
 from __future__ import annotations
@@ -22,31 +23,21 @@ from transformer.train import loop as train_lib
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
-SHAKESPEARE = str(REPO / "data" / "tinyshakespeare.txt.gz")
-BIBLE = str(REPO / "data" / "bible_kjv_rv1909_en_es.tsv.gz")
-FASHION = str(REPO / "data" / "fashion-mnist")
-
-_SHAKESPEARE_TEXT = dict(
-  source="text", path=SHAKESPEARE, tokenizer="char", eval_split="validation",
-  validation_fraction=0.1, test_fraction=0.0,
-)  # fmt: skip
-_BIBLE_PAIRS = dict(
-  source="pairs", path=BIBLE, source_column="en", target_column="es", eval_split="validation"
-)
-_DIGITS = dict(
-  source="sklearn_digits", eval_split="test", image_size=None, image_mean=None, image_std=None,
-  label_names=None,
-)  # fmt: skip
 _DIGITS_VIT = dict(image_size=8, patch_size=4, num_channels=1)  # 4 patches
 _FASHION_VIT = dict(image_size=28, patch_size=14, num_channels=1)  # 4 patches
+_RGB_VIT = dict(image_size=32, patch_size=16, num_channels=3)  # 4 patches
+_RGB_32 = dict(image_size=32)  # images resized to the tiny model's 32 x 32
 
 # config file stem -> (documented args, data overrides, model overrides) for the tiny run.
 RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "lm_shakespeare": ((None,), {}, {}),
-  "gpt2": (("small", "medium", "large"), _SHAKESPEARE_TEXT, {}),  # lm1b -> shakespeare
-  "bert": (("base", "large"), _SHAKESPEARE_TEXT, {}),  # lm1b -> shakespeare (mlm)
-  "transformer_wmt": (("base", "big"), _BIBLE_PAIRS, {}),  # wmt14 -> the bible pairs
-  "vit": (("Ti/16", "S/16", "B/16"), _DIGITS, _DIGITS_VIT),  # imagenet -> digits
+  "gpt2": (("small", "medium", "large"), {}, {}),  # lm1b
+  "bert": (("base", "large"), {}, {}),  # lm1b (mlm)
+  "bert_sst2": ((None,), {}, {}),  # glue/sst2
+  "transformer_wmt": (("base", "big"), {}, {}),  # wmt14_translate/de-en
+  "vit": (("Ti/16", "S/16", "B/16"), _RGB_32, _RGB_VIT),  # imagenet2012
+  "vit_cifar10": ((None,), {}, _RGB_VIT),  # cifar10
+  "vit_fashion_mnist_tfds": ((None,), {}, _FASHION_VIT),  # fashion_mnist (TFDS)
   "mlm_bible": ((None,), {}, {}),
   "classify_testament": ((None,), {}, {}),  # fine-tuned from the mlm_bible run
   "translate_en_es": ((None,), {}, {}),
@@ -55,6 +46,11 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "t5_span_corruption": ((None,), {}, {}),
   "prefix_lm_shakespeare": ((None,), {}, {}),
 }
+# Configs whose data is a standard TFDS dataset: they train two steps on
+# `tfds.testing.mock_data` in tests/test_tfds_configs.py (`TFDS_CONFIGS` checked below).
+TFDS_CONFIGS = (
+  "bert", "bert_sst2", "gpt2", "transformer_wmt", "vit", "vit_cifar10", "vit_fashion_mnist_tfds",
+)  # fmt: skip
 
 
 def _load(stem: str):
@@ -70,7 +66,7 @@ def _get_config(stem: str, arg):
 
 
 def tiny(stem: str, **loop):
-  """The config of `stem` (default arg) shrunk to a two-step run on shipped data."""
+  """The config of `stem` (default arg) shrunk to a two-step run on its own data."""
   _, data, model = RECIPES[stem]
   config = _get_config(stem, RECIPES[stem][0][0])
   m = config.model
@@ -100,6 +96,11 @@ def test_every_config_is_covered():
   )
 
 
+def test_tfds_configs_are_the_configs_that_name_a_tfds_dataset():
+  named = sorted(s for s in RECIPES if _get_config(s, RECIPES[s][0][0]).data.source == "tfds")
+  assert named == sorted(TFDS_CONFIGS)
+
+
 @pytest.mark.parametrize("stem", sorted(RECIPES))
 def test_config_loads_with_every_documented_arg(stem):
   module = _load(stem)
@@ -124,7 +125,9 @@ def mlm_workdir(tmp_path_factory):
   return workdir
 
 
-@pytest.mark.parametrize("stem", sorted(set(RECIPES) - {"mlm_bible", "classify_testament"}))
+@pytest.mark.parametrize(
+  "stem", sorted(set(RECIPES) - {"mlm_bible", "classify_testament", *TFDS_CONFIGS})
+)
 def test_config_trains_two_steps(stem, tmp_path):
   metrics = train_lib.train_and_evaluate(tiny(stem), str(tmp_path))
   assert math.isfinite(metrics["loss"]), metrics

@@ -2,12 +2,16 @@
 
 A frozen dataclass; `DataConfig.from_mapping(config.data)` accepts an ml_collections
 `ConfigDict` (or any mapping) with a subset of the fields and rejects unknown ones.
-`PRESETS` names ready configurations for the data shipped in `data/`.
+`PRESETS` names ready configurations for the data shipped in `data/`; a relative `data/...`
+path is found in the checkout or, after `pip install .`, in the installed copy
+(`shipped_root`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import importlib.metadata
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,7 +22,35 @@ from transformer.data.packing import OVERLONG_POLICIES
 SOURCES = ("text", "pairs", "labelled", "idx", "image_folder", "sklearn_digits", "tfds")
 IMAGE_SOURCES = ("idx", "image_folder", "sklearn_digits")  # sources whose records are images
 TOKENIZERS = ("char", "byte", "sentencepiece", "none")
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when the package runs from one
+SHARE = ("share", "transformer")  # where `pip install .` puts configs/ and data/ (pyproject)
+
+
+@functools.cache
+def shipped_root() -> Path:
+  """The folder holding the shipped `configs/` and `data/`: the repository when the package
+  runs from a checkout (editable installs included), else `<prefix>/share/transformer` of the
+  installed distribution (pyproject's data-files)."""
+  if (REPO_ROOT / "configs").is_dir() and (REPO_ROOT / "data").is_dir():
+    return REPO_ROOT
+  here = Path(__file__).resolve()
+  for dist in importlib.metadata.distributions(name="transformer"):
+    files = {Path(f.locate()).resolve() for f in dist.files or ()}
+    if here not in files:
+      continue  # another installation of the package
+    for file in files:
+      if file.parts[-4:] == (*SHARE, "data", "README.md"):
+        return file.parents[1]
+  return REPO_ROOT
+
+
+def resolve_shipped(path: str | Path) -> Path:
+  """`path` as given if it exists or is absolute, else inside `shipped_root()` (for
+  `data/...` and `configs/...`)."""
+  p = Path(path).expanduser()
+  if p.exists() or p.is_absolute():
+    return p
+  return shipped_root() / p
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +138,9 @@ class DataConfig:
     return self.source == "text" if self.windows is None else self.windows
 
   def resolved_path(self) -> Path:
-    """`path` as given if it exists, else relative to the repository root (for `data/...`)."""
-    p = Path(self.path).expanduser()
-    if p.exists() or p.is_absolute():
-      return p
-    return REPO_ROOT / p
+    """`path` as given if it exists, else in the shipped tree (`data/...`: the checkout's or
+    the installed copy; `resolve_shipped`)."""
+    return resolve_shipped(self.path)
 
 
 _BIBLE = "data/bible_kjv_rv1909_en_es.tsv.gz"

@@ -7,7 +7,8 @@ Files ending in `.gz` are decompressed transparently.
 
 `write_atomic(path, data)` is the one way the package replaces a file it writes whole
 (configs, tokenizers, IDX arrays, a truncated metrics log): a killed process leaves the
-old file or the new one, never a partial one.
+old file or the new one, never a partial one. It takes local paths and object-storage
+URLs (`gs://bucket/...`, through `etils.epath`); `is_remote` tells them apart.
 """
 
 from __future__ import annotations
@@ -21,9 +22,16 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import fsspec
 import numpy as np
+from etils import epath
 
 TEXT_SUFFIXES = (".txt", ".txt.gz")
+
+# Object storage (`gs://`, through etils.epath -> fsspec/gcsfs): a workdir is shared by
+# several processes and hosts (a lease, a resumed run, eval.py), so no listing is answered
+# from a cache that another writer has made stale. Defaults for filesystems made after this.
+fsspec.config.conf.setdefault("gcs", {}).setdefault("use_listings_cache", False)
 
 # IDX type codes (http://yann.lecun.com/exdb/mnist/, "THE IDX FILE FORMAT").
 _IDX_DTYPES = {
@@ -158,16 +166,29 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
   write_atomic(path, header + np.ascontiguousarray(array).tobytes())
 
 
-def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path:
+def is_remote(path: str | os.PathLike) -> bool:
+  """True for an object-storage URL such as `gs://bucket/run` (read and written through
+  `etils.epath`), False for a local path."""
+  return "://" in os.fspath(path)
+
+
+def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path | epath.Path:
   """Writes `data` (a `str` is encoded as UTF-8) to `path` through a temporary file in the
   same folder and a rename, creating the folder if needed; returns the path.
 
   A process killed at any moment leaves the previous file (or none) or the complete new
-  one, never a partial one; concurrent writers each write their own temporary file.
+  one, never a partial one; concurrent writers each write their own temporary file. On
+  object storage (`is_remote`) the object is uploaded whole: a store such as Cloud
+  Storage makes an object visible only once its upload completes, so readers likewise see
+  the old object or the new one.
   """
-  path = Path(path)
   if isinstance(data, str):
     data = data.encode("utf-8")
+  if is_remote(path):
+    remote = epath.Path(path)
+    remote.write_bytes(data)
+    return remote
+  path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
   try:

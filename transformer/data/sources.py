@@ -17,7 +17,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer.data import builders, features, image_builders
+from etils import epath
+
+from transformer.data import builders, features, files, image_builders, tfds_compat
 from transformer.data.config import DataConfig
 from transformer.data.tokenizers import (
   CharTokenizer,
@@ -78,8 +80,11 @@ def open_splits(
       test_fraction=cfg.test_fraction,
     )
   elif cfg.source == "sklearn_digits":
-    if workdir is None:
-      raise ValueError("DataConfig.source 'sklearn_digits' writes its files under a workdir")
+    if workdir is None or files.is_remote(workdir):
+      raise ValueError(
+        "DataConfig.source 'sklearn_digits' writes its IDX files under a local workdir; "
+        f"got {workdir!r}"
+      )
     path = Path(workdir) / "datasets" / "sklearn_digits"
     b = image_builders.sklearn_digits(path, d, validation_fraction=cfg.validation_fraction)
   elif cfg.source == "idx":
@@ -112,25 +117,27 @@ def _split(builder: Any, split: str, name: str) -> Sequence:
 
 
 def _open_tfds(cfg: DataConfig, paired: bool, images: bool) -> Splits:
-  import tensorflow_datasets as tfds
-
-  try:
-    builder = tfds.builder(cfg.path, data_dir=cfg.data_dir)
-    train, eval_ = (
-      tfds.data_source(cfg.path, split=s, data_dir=cfg.data_dir, download=False)
-      for s in (cfg.train_split, cfg.eval_split)
-    )
-  except Exception as e:  # TFDS raises several types for "not prepared here".
-    raise FileNotFoundError(
-      f"TFDS dataset {cfg.path!r} is not prepared in {cfg.data_dir or 'the TFDS default data dir'} "
-      f"as array_record ({type(e).__name__}: {e}). Prepare it first; see docs/DATA.md."
-    ) from e
+  """A standard TFDS dataset by name, prepared as array_record (`tfds_compat`: the
+  workarounds for TFDS without TensorFlow; one-line errors naming the `tfds build`
+  command for a dataset that is not prepared)."""
+  builder = tfds_compat.builder(cfg.path, cfg.data_dir)
+  opened = []
+  for split in (cfg.train_split, cfg.eval_split):
+    try:
+      opened.append(tfds_compat.data_source(builder, split))
+    except Exception as e:  # TFDS raises several types for "not prepared here".
+      raise tfds_compat.not_ready(builder, split, e) from e
   feats = builder.info.features
   label = feats[cfg.label_column] if cfg.label_column in feats else None
   text_keys = (cfg.source_column, cfg.target_column) if paired else (cfg.text_column,)
+  for key in (*(() if images else text_keys), *(("image",) if images else ())):
+    if key not in feats:
+      raise ValueError(
+        f"TFDS dataset {cfg.path!r} has no feature {key!r}; features: {sorted(feats.keys())}"
+      )
   return Splits(
-    train=train,
-    eval=eval_,
+    train=opened[0],
+    eval=opened[1],
     name=cfg.path,
     key=cfg.path,
     label_names=tuple(getattr(label, "names", None) or ()),
@@ -150,9 +157,10 @@ def tokenizer_for(cfg: DataConfig, splits: Splits, workdir: str | os.PathLike) -
 
   With `cfg.tokenizer_from` and no cached tokenizer yet, the tokenizer of that workdir
   (or that file) is copied into this workdir's cache instead of training one, so a
-  fine-tuning run reads text exactly as the run it starts from did.
+  fine-tuning run reads text exactly as the run it starts from did. Either workdir may
+  be an object-storage URL (`gs://...`).
   """
-  cache = Path(workdir) / "tokenizers" / _key_dir(splits.key)
+  cache = epath.Path(workdir) / "tokenizers" / _key_dir(splits.key)
   filename = tokenizer_filename(cfg.tokenizer, cfg.vocab_size, cfg.spm_model_type)
   if cfg.tokenizer_from and not (cache / filename).exists():
     source = find_tokenizer(cfg.tokenizer_from, filename, splits.key)
@@ -175,13 +183,14 @@ def _key_dir(key: str) -> str:
   return re.sub(r"[^\w.+-]", "_", key)
 
 
-def find_tokenizer(where: str | os.PathLike, filename: str, key: str = "") -> Path:
-  """The tokenizer file `where` names: the file itself, or `filename` in a workdir's cache.
+def find_tokenizer(where: str | os.PathLike, filename: str, key: str = "") -> epath.Path:
+  """The tokenizer file `where` names (a local path or a URL): the file itself, or
+  `filename` in a workdir's cache.
 
   A workdir's `tokenizers/<data key>/<filename>` is preferred; otherwise the one file
   called `filename` under `tokenizers/`. None or several: an error listing what exists.
   """
-  p = Path(where).expanduser()
+  p = epath.Path(where).expanduser()
   if p.is_file():
     return p
   root = p / "tokenizers" if (p / "tokenizers").is_dir() else p
@@ -193,7 +202,8 @@ def find_tokenizer(where: str | os.PathLike, filename: str, key: str = "") -> Pa
   found = sorted(root.glob(f"*/{filename}")) + sorted(root.glob(filename))
   if len(found) == 1:
     return found[0]
-  present = sorted(str(f.relative_to(root)) for f in root.rglob("*") if f.is_file())
+  listed = [*root.glob("*"), *root.glob("*/*")]  # no `**`: object storage lists by prefix
+  present = sorted(str(f.relative_to(root)) for f in listed if f.is_file())
   what = "several" if found else "no"
   raise (ValueError if found else FileNotFoundError)(
     f"DataConfig.tokenizer_from={str(where)!r}: {what} {filename} under {root} "

@@ -7,7 +7,9 @@ Id convention shared by every tokenizer (the models rely on it):
 `encode(str) -> list[int]` adds no special tokens; `decode(ids) -> str` drops PAD, BOS,
 EOS, MASK, CLS and SEP and renders UNK as U+FFFD (or the SentencePiece ' ⁇ '). Vocabularies
 are saved as JSON (char, byte) or a SentencePiece `.model` protobuf; never pickled.
-`get_tokenizer` trains on the training text at first use and caches the result.
+`get_tokenizer` trains on the training text at first use and caches the result. Files
+are read and written through `etils.epath`, so a cache may live on object storage
+(`gs://...`); SentencePiece models are loaded from their bytes, never from a local path.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
 
 import numpy as np
+from etils import epath
 
 from transformer.data.files import write_atomic
 
@@ -254,8 +256,9 @@ class SentencePieceTokenizer(Tokenizer):
 
 
 def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-  """Loads a tokenizer saved by `save` (`.json` for char / byte, else SentencePiece)."""
-  p = Path(path)
+  """Loads a tokenizer saved by `save` (`.json` for char / byte, else SentencePiece); a
+  local path or an object-storage URL."""
+  p = epath.Path(path)
   if not p.exists():
     raise FileNotFoundError(f"{p}: no such tokenizer file")
   if p.suffix != ".json":
@@ -305,7 +308,7 @@ def get_tokenizer(
   `training_texts` is only called when training is needed. For translation, pass the
   source and target training texts together: one shared vocabulary.
   """
-  path = Path(cache_dir) / tokenizer_filename(kind, vocab_size, model_type)
+  path = epath.Path(cache_dir) / tokenizer_filename(kind, vocab_size, model_type)
   if path.exists():
     return load_tokenizer(path)
   tok = _TRAINERS[kind](training_texts, vocab_size, model_type)

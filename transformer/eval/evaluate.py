@@ -15,23 +15,30 @@ from typing import Any
 
 import jax
 import ml_collections
+from etils import epath
 
 from transformer.data.files import write_atomic
 from transformer.tasks import EvalOptions, Run
 from transformer.train import checkpoints, experiment, setup
 from transformer.train.loop import evaluate as evaluate_loss
+from transformer.train.workdir import absolute, one_line
 
 # Fields older runs saved that no longer exist (they were for tests only): ignored.
 RETIRED_FIELDS = ("debug_inject_nan_at_step", "debug_inject_nan_in")
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The experiment config a run saved as `config.json`, completed with today's defaults."""
-  path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    raise FileNotFoundError(f"{path}: no saved config (is {workdir} a training workdir?)")
-  with open(path, encoding="utf-8") as f:
-    saved = json.load(f)
+  """The experiment config a run saved as `config.json`, completed with today's defaults.
+
+  `workdir` is a local folder or an object-storage URL (`gs://...`)."""
+  path = epath.Path(workdir) / "config.json"
+  try:
+    text = path.read_text(encoding="utf-8")
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{path}: no saved config (is {workdir} a training workdir?)") from None
+  except Exception as e:  # storage clients raise many types (OSError, HTTP, auth, import)
+    raise ValueError(f"{path}: unreadable: {one_line(e)}") from None
+  saved = json.loads(text)
   config = experiment.default_config()
   with config.unlocked():
     for block, values in saved.items():
@@ -51,7 +58,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
 
 def restore(workdir: str, step: int | None = None) -> tuple[setup.Setup, Any, int]:
   """The run's setup, the restored (host) train state and its step."""
-  workdir = os.path.abspath(workdir)
+  workdir = absolute(workdir)
   exp = experiment.validate(load_config(workdir))
   s = setup.build(exp, workdir)
   setup.check_same_model(workdir, s.model_cfg)
@@ -74,7 +81,7 @@ def evaluate(
 ) -> dict[str, Any]:
   """Metrics of the checkpoint at `step` (default: latest) on the evaluation split."""
   options = options or EvalOptions()
-  workdir = os.path.abspath(workdir)
+  workdir = absolute(workdir)
   s, state, step = restore(workdir, step)
   task = s.exp.task
   task.check_options(options, s.model_cfg, s.info.tokenizer)

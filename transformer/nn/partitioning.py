@@ -24,7 +24,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from transformer.nn.tree import path_str
 
@@ -86,7 +86,12 @@ def logical_axes(params: Any) -> Any:
 
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 (all remaining devices)."""
+  """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 (all remaining devices).
+
+  Built by `jax.make_mesh`, which orders the devices by the physical topology (TPU slices,
+  GPUs of several hosts) so that neighbouring mesh positions are well-connected devices.
+  The axes are `AxisType.Auto`: shardings follow the partitioning rules and XLA's
+  propagation, as for a plain `Mesh`."""
   devices = list(jax.devices() if devices is None else devices)
   unknown = sorted(set(shape) - set(MESH_AXES))
   if unknown:
@@ -106,7 +111,9 @@ def make_mesh(shape: Mapping[str, int], devices: Sequence | None = None) -> Mesh
       f"config.mesh={dict(zip(MESH_AXES, sizes, strict=True))} needs {int(np.prod(sizes))} "
       f"devices, have {len(devices)}"
     )
-  return Mesh(np.asarray(devices).reshape(sizes), MESH_AXES)
+  return jax.make_mesh(
+    tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+  )
 
 
 def spec_for(

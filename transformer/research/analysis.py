@@ -37,6 +37,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
+from transformer.data.files import is_remote, write_atomic
 from transformer.nn.attention import MultiHeadAttention
 
 STAT_KEYS = ("entropy", "max_weight", "distance")
@@ -203,7 +204,8 @@ def write_heatmaps(
   """
   from transformer.research import plots
 
-  os.makedirs(out_dir, exist_ok=True)
+  if not is_remote(out_dir):  # object storage has no folders to create
+    os.makedirs(out_dir, exist_ok=True)
   paths = []
   for name, weights in maps.items():
     q_mask, k_mask = masks(name) if masks is not None else (None, None)
@@ -251,8 +253,9 @@ def analyze(
   Returns {'step', 'rows', 'markdown', 'json', 'heatmaps'}.
   """
   from transformer.eval.evaluate import restore  # the training stack: only needed here
+  from transformer.train.workdir import absolute
 
-  workdir = os.path.abspath(workdir)
+  workdir = absolute(workdir)
   setup, state, step = restore(workdir, step)
   task = setup.exp.task
   tokenizer = getattr(setup.info, "tokenizer", None)
@@ -273,10 +276,8 @@ def analyze(
   stem = os.path.join(workdir, f"attention_step_{step}")
   heatmaps = write_heatmaps(recorder.maps, stem, masks, labels=labels)
   source = "text" if text is not None else f"eval batch ({len(batch[next(iter(batch))])} rows)"
-  with open(stem + ".json", "w", encoding="utf-8") as f:
-    json.dump({"step": step, "input": source, "rows": rows}, f, indent=2)
-  with open(stem + ".md", "w", encoding="utf-8") as f:
-    f.write(f"# Attention at step {step} ({source})\n\n{markdown}\n")
+  write_atomic(stem + ".json", json.dumps({"step": step, "input": source, "rows": rows}, indent=2))
+  write_atomic(stem + ".md", f"# Attention at step {step} ({source})\n\n{markdown}\n")
   return {
     "step": step,
     "rows": rows,

@@ -22,12 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer.data.config import shipped_root
 from transformer.data.tokenizers import CharTokenizer
 from transformer.nn.config import ModelConfig
 from transformer.nn.models.decoder import DecoderLM
 from transformer.train import losses, optimizer, schedules
 
-DATA = Path(__file__).resolve().parents[2] / "data" / "tinyshakespeare.txt.gz"
+DATA = shipped_root() / "data" / "tinyshakespeare.txt.gz"  # the checkout's or the installed one
 
 
 @dataclasses.dataclass(frozen=True)

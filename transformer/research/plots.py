@@ -20,7 +20,9 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
+from etils import epath
 
+from transformer.data.files import is_remote
 from transformer.nn.positions import sinusoidal_table
 from transformer.train.metric_writers import JSONL_NAME, plot_curves, png_figure, save_png
 
@@ -29,7 +31,8 @@ def _check_png(out_png: str | os.PathLike) -> str:
   out_png = os.fspath(out_png)
   if not out_png.endswith(".png"):
     raise ValueError(f"output must end with .png; got {out_png!r}")
-  os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+  if not is_remote(out_png):  # object storage has no folders to create
+    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
   return out_png
 
 
@@ -55,10 +58,10 @@ def posenc_heatmap(
 
 
 def metrics_path(run: str | os.PathLike) -> str:
-  """A run's metrics.jsonl: `run` is a workdir or the file itself."""
+  """A run's metrics.jsonl: `run` is a workdir or the file itself (local or a URL)."""
   run = os.fspath(run)
-  path = os.path.join(run, JSONL_NAME) if os.path.isdir(run) else run
-  if not os.path.isfile(path):
+  path = os.path.join(run, JSONL_NAME) if epath.Path(run).is_dir() else run
+  if not epath.Path(path).is_file():
     raise ValueError(f"{run!r}: no {JSONL_NAME} (expected a training workdir or the file)")
   return path
 

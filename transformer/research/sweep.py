@@ -32,11 +32,14 @@ import re
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from transformer.data.files import write_atomic
+from etils import epath
+
+from transformer.data.files import is_remote, write_atomic
 from transformer.train.metric_writers import (
   JSONL_NAME,
   plot_curves,
@@ -92,13 +95,13 @@ def train_command(
 
 
 def is_done(point_dir: str) -> bool:
-  return os.path.isfile(os.path.join(point_dir, DONE))
+  return epath.Path(point_dir, DONE).is_file()
 
 
 def final_eval(point_dir: str) -> dict[str, Any]:
   """The last evaluation record of a run's metrics.jsonl ({} when there is none)."""
   path = os.path.join(point_dir, JSONL_NAME)
-  if not os.path.isfile(path):
+  if not epath.Path(path).is_file():
     return {}
   evals = [r for r in read_jsonl(path) if r.get("split") == "eval"]
   return max(evals, key=lambda r: r.get("step", -1)) if evals else {}
@@ -132,8 +135,7 @@ def run_points(
   while pending or running:
     while pending and len(running) < parallel:
       name, point_dir, overrides = pending.pop(0)
-      os.makedirs(point_dir, exist_ok=True)
-      log = open(os.path.join(point_dir, "train.log"), "a", encoding="utf-8")  # noqa: SIM115
+      log = open(_local_log(point_dir), "a", encoding="utf-8")  # noqa: SIM115
       cmd = train_command(config, point_dir, overrides)
       print(f"[sweep] {name}: {shlex.join(cmd[1:])}", flush=True)
       proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
@@ -144,6 +146,7 @@ def run_points(
       if rc is None:
         continue
       log.close()
+      _upload_log(log.name, point_dir)
       del running[name]
       if rc == 0:
         write_atomic(os.path.join(point_dir, DONE), f"{time.time():.0f}\n")
@@ -152,6 +155,28 @@ def run_points(
         status[name] = f"failed (rc {rc})"
       print(f"[sweep] {name}: {status[name]} (log: {point_dir}/train.log)", flush=True)
   return status
+
+
+def _local_log(point_dir: str) -> str:
+  """Where a point's train.log is written while it runs: in the point's folder, or, on
+  object storage (which cannot append), a local file uploaded when the point ends."""
+  if is_remote(point_dir):
+    fd, path = tempfile.mkstemp(prefix="train-", suffix=".log")
+    os.close(fd)
+    return path
+  os.makedirs(point_dir, exist_ok=True)
+  return os.path.join(point_dir, "train.log")
+
+
+def _upload_log(local: str, point_dir: str) -> None:
+  """Object storage: appends the local log of a finished point to its train.log."""
+  if not is_remote(point_dir):
+    return
+  remote = epath.Path(point_dir, "train.log")
+  before = remote.read_bytes() if remote.exists() else b""
+  with open(local, "rb") as f:
+    write_atomic(remote, before + f.read())
+  os.remove(local)
 
 
 def results_table(
@@ -250,7 +275,7 @@ def write_results(
   }
   write_atomic(out["markdown"], to_markdown(rows) + "\n")
   out["plot"] = plot_metric(rows, varying or swept, metric, os.path.join(workdir, "sweep.png"))
-  runs = [r["point"] for r in rows if os.path.isfile(os.path.join(workdir, r["point"], JSONL_NAME))]
+  runs = [r["point"] for r in rows if epath.Path(workdir, r["point"], JSONL_NAME).is_file()]
   out["curves"] = None
   if runs:
     out["curves"] = plot_curves(
@@ -291,14 +316,15 @@ def main(argv: Sequence[str] | None = None) -> int:
   except ValueError as e:
     parser.exit(1, f"error: {e}\n")
   common = dict(args.override)
-  workdir = os.path.abspath(args.workdir)
+  workdir = args.workdir.rstrip("/") if is_remote(args.workdir) else os.path.abspath(args.workdir)
   if args.dry_run:
     for point in points:
       cmd = train_command(args.config, os.path.join(workdir, point_name(point)),
                           {**common, **point}, python="python")  # fmt: skip
       print(shlex.join(cmd))
     return 0
-  os.makedirs(workdir, exist_ok=True)
+  if not is_remote(workdir):  # each point's train.py checks an object-storage workdir
+    os.makedirs(workdir, exist_ok=True)
   status = run_points(args.config, workdir, points, args.parallel, common)
   out = write_results(workdir, points, status, args.metric)
   print(to_markdown(out["rows"]))

@@ -5,7 +5,7 @@ Each task's `during_training` / `after_training` / `evaluate` calls these.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -88,16 +88,22 @@ def bleu(
   eval_iter: Iterable[dict],
   max_batches: int = 0,
   *,
+  references: Iterable[str],
   method: str = "beam",
   beam_size: int = 4,
   alpha: float = 0.6,
 ) -> dict[str, Any]:
-  """Corpus BLEU (sacrebleu) of decoded evaluation sources against their references.
+  """Corpus BLEU (sacrebleu) of decoded evaluation sources against raw reference text.
 
-  References are the detokenized target ids of the evaluation split (the tokenizers
-  round-trip the shipped text exactly; for other data this is BLEU on normalised text).
+  `references` are the target strings of the evaluation records as stored in the split
+  (not the detokenized target ids, which lose what the tokenizer cannot round-trip and
+  what the row truncated), one per non-padding row of `eval_iter`, in its order. Each is
+  checked against its row: its token ids must begin with the row's target ids, so a
+  reference list out of step with the batches is an error, not a silently wrong score.
+  Returns the score, sacrebleu's signature, the decoding method and five examples.
   """
   tok = tokenizer
+  refs_iter = iter(references)
   hyps, refs = [], []
   for i, batch in enumerate(eval_iter):
     if max_batches and i >= max_batches:
@@ -105,6 +111,8 @@ def bleu(
     keep = batch["inputs_segment_ids"].max(axis=1) > 0  # padded rows have no source
     if not keep.any():
       continue
+    for row in batch["targets"][keep]:
+      refs.append(_matching_reference(tok, refs_iter, _strip(row), len(refs)))
     inputs = batch["inputs"][keep]
     out = decode.translate(
       model,
@@ -116,7 +124,6 @@ def bleu(
       max_len=batch["targets"].shape[1],
     )
     hyps += [tok.decode(_strip(row)) for row in np.asarray(out.tokens)]
-    refs += [tok.decode(_strip(row)) for row in batch["targets"][keep]]
   metric = sacrebleu.BLEU()
   result = metric.corpus_score(hyps, [refs])
   return {
@@ -127,6 +134,22 @@ def bleu(
       {"hypothesis": h, "reference": r} for h, r in zip(hyps[:5], refs[:5], strict=True)
     ],
   }
+
+
+def _matching_reference(
+  tokenizer: Any, references: Iterator[str], target: list[int], k: int
+) -> str:
+  """The next reference, checked against the target ids of evaluation example `k`."""
+  reference = next(references, None)
+  if reference is None:
+    raise ValueError(f"BLEU: evaluation example {k} has no reference (too few references)")
+  ids = tokenizer.encode_array(reference).tolist()  # as the pipeline encodes targets
+  if ids[: len(target)] != target:  # the row holds the reference's ids, maybe truncated
+    raise ValueError(
+      f"BLEU: reference {k} {reference[:60]!r} does not encode to the target ids of "
+      f"evaluation example {k}: references and evaluation batches are out of step"
+    )
+  return reference
 
 
 def confusion_matrix(

@@ -4,15 +4,24 @@ Batches: inputs, inputs_segment_ids, inputs_positions [B, S]; targets (end with 
 model shifts them right), targets_segment_ids, targets_positions, weights f32 [B, T].
 Training packs source and target jointly (example k of a row is segment k on both sides);
 evaluation keeps one pair per row so outputs decode per example.
+
+BLEU (during training every `bleu_every` updates, and from eval.py) scores the decoded
+sources against the raw target text of the evaluation split, not the detokenized target
+ids: `eval_references` reads the evaluation records in the order the evaluation batches
+hold them (this host's shard in source order, `pipeline.records`; padding rows only at
+the end), so no key is added to the batches and the compiled steps see the same batch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
+from collections.abc import Iterator
 
 import grain
 
-from transformer.data import pipeline
+from transformer.data import features, pipeline, sources
 from transformer.data.config import DataConfig
 from transformer.data.spec import F32, I32, DataContext, DataSpec
 from transformer.nn.config import ModelConfig
@@ -39,8 +48,32 @@ def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
   )
 
 
+def eval_references(cfg: DataConfig, workdir: str | os.PathLike | None = None) -> Iterator[str]:
+  """The raw target text of this host's evaluation records, in evaluation-batch order."""
+  split = sources.open_splits(cfg, workdir, paired=True).eval
+  shard = pipeline.records(split, pipeline.Loader())  # the eval pipeline's records, in order
+  for k in range(len(shard)):
+    _, record = shard[k]
+    yield features.text_of(record, cfg.target_column)
+
+
+def seq2seq_bleu(run: Run, method: str, beam_size: int) -> dict:
+  """`evals.bleu` of the run's evaluation batches against the split's raw references."""
+  return evals.bleu(
+    run.model,
+    run.params,
+    run.info.tokenizer,
+    run.eval_factory(),
+    run.eval_batches,
+    references=eval_references(run.info.config, run.workdir),
+    method=method,
+    beam_size=beam_size,
+  )
+
+
 def seq2seq_shapes(rows: int, s: int, t: int, image_shape) -> dict:
-  """Shapes of encoder-decoder batches: inputs [B, S], targets and weights [B, T]."""
+  """Shapes of encoder-decoder batches: inputs [B, S], targets and weights [B, T] (every
+  key of training and evaluation batches; BLEU's references come from the split)."""
   del image_shape
   shapes = {k: ((rows, s), I32) for k in INPUT_KEYS}
   shapes |= {k: ((rows, t), I32) for k in TARGET_KEYS}
@@ -126,27 +159,19 @@ class SequenceToSequence(Task):
     if not extras.bleu_every or (done % extras.bleu_every and done != total):
       return {}
     beam = extras.bleu_beam_size
-    result = evals.bleu(
-      run.model,
-      run.params,
-      run.info.tokenizer,
-      run.eval_factory(),
-      run.eval_batches,
-      method="beam" if beam > 1 else "greedy",
-      beam_size=max(beam, 1),
+    result = seq2seq_bleu(run, "beam" if beam > 1 else "greedy", max(beam, 1))
+    logging.info(
+      "step %d: BLEU %.2f on %s (%s; sacrebleu %s)",
+      done,
+      result["bleu"],
+      run.info.config.eval_split,
+      result["bleu_method"],
+      result["bleu_signature"],
     )
     return {"bleu": result["bleu"]}
 
   def evaluate(self, run: Run, options: EvalOptions) -> dict:
-    return evals.bleu(
-      run.model,
-      run.params,
-      run.info.tokenizer,
-      run.eval_factory(),
-      run.eval_batches,
-      method=options.bleu_method,
-      beam_size=options.beam_size,
-    )
+    return seq2seq_bleu(run, options.bleu_method, options.beam_size)
 
   def attention_masks(self, batch):
     return seq2seq_attention_masks(batch)

@@ -3,19 +3,20 @@
 `check_init_tokenizer` runs when the data is built (before compiling); `load_init_from`
 when a run starts without a checkpoint of its own. Parameters are matched by path and
 shape, so a pretrained backbone fills a classifier's backbone and the new head keeps its
-initial values; token ids must mean the same in both runs (`data.tokenizer_from`).
+initial values; token ids must mean the same in both runs (`data.tokenizer_from`). The
+source run may live on object storage (`gs://...`, through `etils.epath`).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from etils import epath
 
 from transformer.data.datasets import DataInfo
 from transformer.data.tokenizers import tokenizer_filename
@@ -25,9 +26,8 @@ from transformer.train import checkpoints
 
 def load_init_from(path: str, params: Any) -> Any:
   """Copies the parameters of another run whose paths and shapes match (fine-tuning)."""
-  ckpt_dir = (
-    os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
-  )
+  inner = epath.Path(path) / "checkpoints"
+  ckpt_dir = inner if inner.is_dir() else epath.Path(path)
   with checkpoints.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False) as mgr:
     step = mgr.latest_step()
     if step is None:
@@ -62,12 +62,13 @@ def check_init_tokenizer(path: str, info: DataInfo) -> None:
   run with no tokenizer of this run's kind and size is allowed (its embeddings have other
   shapes and are not copied; the rest of the model is).
   """
-  root = Path(path) / "tokenizers"
+  root = epath.Path(path) / "tokenizers"
   if info.tokenizer is None or not root.is_dir():
     return
   cfg = info.config
   name = tokenizer_filename(cfg.tokenizer, cfg.vocab_size, cfg.spm_model_type)
-  theirs = sorted(root.rglob(name))
+  # tokenizers/<data key>/<file> (no recursive glob: object storage lists by prefix)
+  theirs = sorted([*root.glob(name), *root.glob(f"*/{name}")])
   if not theirs:
     return
   with tempfile.TemporaryDirectory() as tmp:

@@ -32,7 +32,7 @@ from transformer.train import checkpoints, experiment, finetune, setup
 from transformer.train.metric_writers import MetricWriter, plot_curves
 from transformer.train.preemption import Preemption, run_within
 from transformer.train.step import summarize_eval
-from transformer.train.workdir import WorkdirLock, prepare_workdir
+from transformer.train.workdir import RunLock, prepare_workdir, run_lock
 
 
 class NonFiniteError(RuntimeError):
@@ -81,7 +81,7 @@ class _Context:
   ckpt: checkpoints.CheckpointManager
   writer: MetricWriter | None
   preemption: Preemption
-  lock: WorkdirLock
+  lock: RunLock
   hooks: Hooks
   workdir: str
 
@@ -118,7 +118,7 @@ def train_and_evaluate(
   workdir = prepare_workdir(workdir)
   if exp.loop.compilation_cache_dir:  # reuse compiled steps across runs and restarts
     jax.config.update("jax_compilation_cache_dir", exp.loop.compilation_cache_dir)
-  with WorkdirLock(workdir) as lock, Preemption(exp.loop.preemption_grace_seconds) as preemption:
+  with run_lock(workdir) as lock, Preemption(exp.loop.preemption_grace_seconds) as preemption:
     if hooks.phase is not None:
       hooks.phase("build", 0)
     s = setup.build(exp, workdir, perturb=hooks.perturb)
@@ -142,8 +142,9 @@ def _train(c: _Context) -> dict[str, float]:
   restored = c.ckpt.restore(s.runner.state_target(jax.eval_shape(lambda: state)))
   if restored is not None:
     state = restored.state
-    if restored.data_state is not None:
-      s.train_iter.set_state(restored.data_state)
+    data_state = restored.resumable_data_state()  # this process's position; refuses another count
+    if data_state is not None:
+      s.train_iter.set_state(data_state)
     print(f"resumed from step {restored.step} ({c.ckpt.directory})")
   elif loop.init_from:
     state = state.replace(params=finetune.load_init_from(loop.init_from, state.params))
@@ -316,6 +317,7 @@ def _loop(c: _Context, state, start: int):
       if ck.best_metric and ranked is None:
         ranked = {f"eval_{ck.best_metric}": float("nan")}
       c.phase("save", done)
+      c.writer.flush()  # metrics up to a checkpoint reach object storage with it
       _save(c, state, ranked)
       c.phase("train", done)
   else:  # the loop ran to its end (or there was nothing left to do)

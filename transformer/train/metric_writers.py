@@ -9,6 +9,14 @@ split)` to
     ETA 0:12:34` for train, `eval @ step 100 | loss 2.1 | ...` for other splits.
 Only the primary process (process 0) writes; elsewhere every method is a no-op.
 
+Object-storage workdirs (`gs://...`, through `etils.epath`): such stores cannot append to
+an object, and tensorboardX writes only local files (and S3). So the JSONL log is kept in
+memory and uploaded whole, and the TensorBoard event file is written to a local staging
+folder and uploaded whole to `workdir/tensorboard/`; both at most every `sync_seconds`
+(Cloud Storage allows about one write a second per object), at `flush()` (the loop flushes
+before each checkpoint) and at `close()`. A killed run loses at most the lines since the
+last upload; on resume those lie past the checkpoint and would be dropped anyway.
+
 Resuming: `MetricWriter(..., resume_step=s)` drops JSONL lines with step > s
 (`truncate_after`) and asks TensorBoard to purge events after s, so a resumed run
 continues both logs without duplicates.
@@ -27,13 +35,16 @@ import logging
 import math
 import os
 import re
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from etils import epath
 
-from transformer.data.files import write_atomic
+from transformer.data.files import is_remote, write_atomic
 
 JSONL_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -52,6 +63,8 @@ class MetricWriter:
     console: print a progress line per `write_scalars` call.
     print_fn: console output function.
     clock: seconds, monotonic (for the ETA; tests inject a fake one).
+    sync_seconds: object-storage workdirs: the shortest interval between two uploads of
+      the logs (`flush` and `close` upload at once).
   """
 
   def __init__(
@@ -64,6 +77,7 @@ class MetricWriter:
     console: bool = True,
     print_fn: Callable[[str], Any] = print,
     clock: Callable[[], float] = time.monotonic,
+    sync_seconds: float = 2.0,
   ):
     if not isinstance(is_primary, bool):
       raise ValueError(f"is_primary must be a bool; got {is_primary!r}")
@@ -82,20 +96,34 @@ class MetricWriter:
     self._last_train: tuple[int, float] | None = None  # (step, time) of the last train line
     self._tb = None
     self._jsonl = None
+    self._remote = is_remote(self.workdir)
+    self._lines: list[str] = []  # object storage: the whole JSONL log
+    self._staging: str | None = None  # object storage: local folder of the event file
+    self._sync_seconds, self._last_sync = sync_seconds, -math.inf
     if not is_primary:
       return
-    os.makedirs(self.workdir, exist_ok=True)
+    if self._remote:
+      jsonl = epath.Path(self.jsonl_path)
+      if jsonl.exists():
+        text = jsonl.read_text(encoding="utf-8")
+        self._lines = [line + "\n" for line in text.splitlines()]
+    else:
+      os.makedirs(self.workdir, exist_ok=True)
     if resume_step is not None:
       self.truncate_after(resume_step)
     from tensorboardX import SummaryWriter  # heavy import, primary only
 
     purge = None if resume_step is None else resume_step + 1
+    tb_dir = os.path.join(self.workdir, TENSORBOARD_DIR)
+    if self._remote:
+      self._staging = tb_dir = tempfile.mkdtemp(prefix="tensorboard-")
     self._tb = SummaryWriter(
-      os.path.join(self.workdir, TENSORBOARD_DIR),
+      tb_dir,
       purge_step=purge,
       filename_suffix=f".{time.time_ns()}",  # a restart within the same second gets its own file
     )
-    self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
+    if not self._remote:
+      self._jsonl = open(self.jsonl_path, "a", encoding="utf-8")
 
   def write_scalars(self, step: int, scalars: Mapping[str, Any], split: str = "train") -> None:
     """Writes `scalars` (name -> number or 0-d array) at `step` for `split`."""
@@ -109,10 +137,15 @@ class MetricWriter:
     step = int(step)
     record = {"step": step, "split": split}
     record.update({k: v if math.isfinite(v) else None for k, v in values.items()})
-    self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
+    if self._remote:
+      self._lines.append(json.dumps(record) + "\n")
+    else:
+      self._jsonl.write(json.dumps(record) + "\n")
+      self._jsonl.flush()
     for name, value in values.items():
       self._tb.add_scalar(f"{split}/{name}", value, global_step=step)
+    if self._remote and time.monotonic() - self._last_sync >= self._sync_seconds:
+      self._upload()
     if self._console:
       self._print(self._console_line(step, values, split))
 
@@ -121,22 +154,33 @@ class MetricWriter:
     number of lines dropped."""
     if not _is_int(step) or step < 0:
       raise ValueError(f"step must be an int >= 0; got {step!r}")
-    if not self.is_primary or not os.path.exists(self.jsonl_path):
+    if not self.is_primary:
       return 0
-    if self._jsonl is not None:
-      self._jsonl.flush()
+    if self._remote:
+      lines = self._lines
+    elif os.path.exists(self.jsonl_path):
+      if self._jsonl is not None:
+        self._jsonl.flush()
+      with open(self.jsonl_path, encoding="utf-8") as f:
+        lines = list(f)
+    else:
+      return 0
     kept, dropped = [], 0
-    with open(self.jsonl_path, encoding="utf-8") as f:
-      for line in f:
-        try:
-          keep = int(json.loads(line)["step"]) <= step
-        except (ValueError, KeyError, TypeError):
-          keep = False  # e.g. a line cut short by a crash
-          logging.warning("dropping unparsable line in %s: %r", self.jsonl_path, line[:80])
-        if keep:
-          kept.append(line if line.endswith("\n") else line + "\n")
-        else:
-          dropped += 1
+    for line in lines:
+      try:
+        keep = int(json.loads(line)["step"]) <= step
+      except (ValueError, KeyError, TypeError):
+        keep = False  # e.g. a line cut short by a crash
+        logging.warning("dropping unparsable line in %s: %r", self.jsonl_path, line[:80])
+      if keep:
+        kept.append(line if line.endswith("\n") else line + "\n")
+      else:
+        dropped += 1
+    if self._remote:
+      self._lines = kept
+      if dropped:
+        write_atomic(self.jsonl_path, "".join(kept))
+      return dropped
     write_atomic(self.jsonl_path, "".join(kept))
     if self._jsonl is not None:  # reopen: the old handle points at the replaced file
       self._jsonl.close()
@@ -144,10 +188,13 @@ class MetricWriter:
     return dropped
 
   def flush(self) -> None:
+    """Writes out what is buffered (on object storage: uploads both logs now)."""
     if self._jsonl is not None:
       self._jsonl.flush()
     if self._tb is not None:
       self._tb.flush()
+      if self._remote:
+        self._upload()
 
   def close(self) -> None:
     if self._jsonl is not None:
@@ -155,7 +202,20 @@ class MetricWriter:
       self._jsonl = None
     if self._tb is not None:
       self._tb.close()
+      if self._remote:
+        self._upload()
+        shutil.rmtree(self._staging, ignore_errors=True)
       self._tb = None
+
+  def _upload(self) -> None:
+    """Object storage: the JSONL log and the event files, each uploaded whole."""
+    write_atomic(self.jsonl_path, "".join(self._lines))
+    self._tb.flush()
+    remote = epath.Path(self.workdir) / TENSORBOARD_DIR
+    for name in sorted(os.listdir(self._staging)):
+      with open(os.path.join(self._staging, name), "rb") as f:
+        write_atomic(remote / name, f.read())
+    self._last_sync = time.monotonic()
 
   def __enter__(self) -> MetricWriter:
     return self
@@ -190,12 +250,11 @@ class MetricWriter:
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
   """The records of a metrics.jsonl file (unparsable lines skipped)."""
   records = []
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      try:
-        records.append(json.loads(line))
-      except ValueError:
-        continue
+  for line in epath.Path(path).read_text(encoding="utf-8").splitlines():
+    try:
+      records.append(json.loads(line))
+    except ValueError:
+      continue
   return records
 
 
@@ -226,10 +285,10 @@ def plot_curves(
   if not paths:
     raise ValueError("jsonl_paths must name at least one metrics.jsonl file")
   for path in paths:
-    if not os.path.isfile(path):
+    if not epath.Path(path).is_file():
       raise ValueError(f"jsonl_paths: no such file {os.fspath(path)!r}")
   if labels is None:
-    labels = [os.path.basename(os.path.dirname(os.path.abspath(p))) or str(p) for p in paths]
+    labels = [epath.Path(_absolute(p)).parent.name or str(p) for p in paths]
   if len(labels) != len(paths):
     raise ValueError(f"labels must have one entry per path ({len(paths)}); got {len(labels)}")
   if not os.fspath(out_png).endswith(".png"):
@@ -277,6 +336,10 @@ def save_png(fig: Any, out_png: str | os.PathLike) -> str:
   fig.savefig(buffer, format="png", dpi=fig.dpi)
   write_atomic(out_png, buffer.getvalue())
   return os.fspath(out_png)
+
+
+def _absolute(path: str | os.PathLike) -> str:
+  return os.fspath(path) if is_remote(path) else os.path.abspath(path)
 
 
 def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list, list]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from etils import epath
 
 from transformer.data.datasets import DataInfo, make_datasets
 from transformer.data.files import write_atomic
@@ -109,13 +110,12 @@ def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
 
 
 def load_model_config(workdir: str) -> ModelConfig:
-  """The finalized model config a run saved in its workdir."""
-  path = os.path.join(workdir, MODEL_CONFIG_FILE)
-  if not os.path.exists(path):
+  """The finalized model config a run saved in its workdir (a local folder or a URL)."""
+  path = epath.Path(workdir) / MODEL_CONFIG_FILE
+  if not path.exists():
     raise FileNotFoundError(f"{path}: no saved model config (is {workdir} a training workdir?)")
   try:
-    with open(path, encoding="utf-8") as f:
-      fields = json.load(f)
+    fields = json.loads(path.read_text(encoding="utf-8"))
   except (OSError, ValueError) as e:
     raise ValueError(f"{path}: unreadable saved model config ({e})") from None
   if not isinstance(fields, dict):
@@ -130,8 +130,7 @@ def save_model_config(workdir: str, model_cfg: ModelConfig) -> None:
 def check_same_model(workdir: str, model_cfg: ModelConfig) -> None:
   """A workdir holding another model's run is an error naming the differing fields
   (`RUNTIME_FIELDS` may differ)."""
-  path = os.path.join(workdir, MODEL_CONFIG_FILE)
-  if not os.path.exists(path):
+  if not (epath.Path(workdir) / MODEL_CONFIG_FILE).exists():
     return
   saved = load_model_config(workdir).to_dict()
   diffs = [

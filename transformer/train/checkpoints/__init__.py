@@ -3,9 +3,15 @@
 One checkpoint is the directory `<directory>/<step>/` holding four orbax items:
   state      the train-state pytree (params, opt_state, step, rng, ...): `StandardSave`
              (tensorstore/OCDBT arrays + JSON metadata; never pickle)
-  checksums  JSON: CRC32, dtype and shape of every array of `state`, taken from the host
-             copy before writing (absent in older checkpoints, which are not verified)
-  data       the data-iterator state, a JSON dict (absent when not given)
+  checksums  JSON: CRC32, dtype and shape of every array of `state` (of every shard of an
+             array split over devices), taken from host copies before writing; each
+             process sums the shards it holds, process 0 writes the union, and on restore
+             each process checks the shards it holds (absent in older checkpoints, which
+             are not verified)
+  data       the data-iterator state of every process, one JSON file each
+             (`process_<i>-of-<n>.json`, grain's orbax handler); a resume needs the same
+             process count (`Restored.resumable_data_state`). Older checkpoints hold one
+             JSON item (`data/metadata`), still restored (on one process)
   config     the run config as JSON (absent when not given)
 
 Rules on top of orbax:

@@ -7,8 +7,10 @@ config serialisation in `serialisation`.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,11 +18,35 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from grain import checkpoint as grain_checkpoint
 from orbax.checkpoint import checkpoint_managers
 
 from transformer.train.checkpoints import integrity, serialisation
 
 STATE, DATA, CONFIG, CHECKSUMS = "state", "data", "config", "checksums"
+LEGACY_DATA_FILE = "metadata"  # the data item of checkpoints written with one JSON state
+_DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")  # grain's file per process
+
+
+class _DataState:
+  """A data-iterator state as grain's orbax handler saves and restores it: `get_state()`
+  gives the bytes of this process's file, `set_state` takes them back.
+
+  The state is taken when `save` is called (an asynchronous write must not read an
+  iterator that has moved on), so this stands in for the iterator itself.
+  """
+
+  def __init__(self, state: Any = None):
+    self.state = state
+
+  def get_state(self) -> bytes:
+    return json.dumps(self.state, indent=1).encode()
+
+  def set_state(self, state: bytes) -> None:
+    self.state = json.loads(state.decode())
+
+  def start_prefetch(self) -> None:
+    """Called by grain's handler after `set_state`; there is nothing to prefetch."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +55,32 @@ class Restored:
 
   step: int  # the checkpoint's step
   state: Any  # the train state, structured like the target
-  data_state: dict[str, Any] | None  # the data-iterator state, if it was saved
+  data_state: dict[str, Any] | None  # this process's data-iterator state, if it was saved
+  # (None also when the checkpoint's data states are those of another process count)
   config: dict[str, Any] | None  # the config, if it was saved
+  data_processes: int | None = None  # processes whose data states the checkpoint holds;
+  # None: no data state, or one JSON state of a checkpoint from before per-process states
+  directory: str = ""  # the checkpoint root it came from
+
+  def resumable_data_state(self) -> dict[str, Any] | None:
+    """The data state this run continues from; ValueError when the checkpoint's data
+    position cannot be continued exactly by `jax.process_count()` processes."""
+    count = jax.process_count()
+    where = f"checkpoint step {self.step} in {self.directory}"
+    if self.data_processes is not None and self.data_processes != count:
+      raise ValueError(
+        f"{where} holds the data-iterator states of {self.data_processes} processes and this "
+        f"run has {count}: each process resumes its own shard of the data, so a different "
+        f"process count would continue on shifted examples; resume with "
+        f"{self.data_processes} processes (or start a new workdir)"
+      )
+    if self.data_processes is None and self.data_state is not None and count > 1:
+      raise ValueError(
+        f"{where} holds one data-iterator state for all processes (written before states "
+        f"were saved per process), which resumes exactly on one process only and this run "
+        f"has {count}; resume it with one process"
+      )
+    return self.data_state
 
 
 class CheckpointManager:
@@ -101,7 +151,7 @@ class CheckpointManager:
       item_handlers={
         STATE: ocp.StandardCheckpointHandler(),
         CHECKSUMS: ocp.JsonCheckpointHandler(),
-        DATA: ocp.JsonCheckpointHandler(),
+        DATA: grain_checkpoint.CheckpointHandler(),  # one file per process
         CONFIG: ocp.JsonCheckpointHandler(),
       },
     )
@@ -148,7 +198,8 @@ class CheckpointManager:
     Args:
       step: the train step (>= 0); must be after `latest_step()` and not on disk.
       state: pytree of arrays / numpy arrays / Python scalars.
-      data_state: JSON-serialisable dict from the data pipeline, or None.
+      data_state: this process's JSON-serialisable dict from the data pipeline, or None;
+        every process writes its own (`data/process_<i>-of-<n>.json`).
       config: the run config (see `config_to_json`), or None.
       metrics: scalars for ranking (must include `best_metric` when that is set).
     """
@@ -159,7 +210,8 @@ class CheckpointManager:
     if self._checksums:
       items[CHECKSUMS] = ocp.args.JsonSave(integrity.checksums(state))
     if data_state is not None:
-      items[DATA] = ocp.args.JsonSave(serialisation.json_roundtrip("data_state", data_state))
+      position = serialisation.json_roundtrip("data_state", data_state)
+      items[DATA] = grain_checkpoint.CheckpointSave(_DataState(position))
     if config is not None:
       items[CONFIG] = ocp.args.JsonSave(serialisation.config_to_json(config))
     metrics = _check_metrics(metrics, self._best_metric)
@@ -193,7 +245,9 @@ class CheckpointManager:
       check_dtypes: also require dtypes to match (False: cast to the target's dtype).
 
     Returns:
-      `Restored`, or None when `step` is None and there is no valid checkpoint.
+      `Restored`, or None when `step` is None and there is no valid checkpoint. Its data
+      state is this process's; `Restored.resumable_data_state()` refuses one written by
+      another number of processes.
 
     Raises:
       ValueError: the checkpoint's tree does not match `target` (naming the paths), or
@@ -247,10 +301,16 @@ class CheckpointManager:
   def _restore_step(self, step: int, target: Any, check_dtypes: bool) -> Restored:
     serialisation.compare(self._state_metadata(step), target, check_dtypes)
     step_dir = self._directory / str(step)
+    legacy = (step_dir / DATA / LEGACY_DATA_FILE).exists()
+    processes = None if legacy else _data_processes(step_dir / DATA)
+    read_data = processes == jax.process_count()  # other counts: see `resumable_data_state`
+    integrity.agree(_data_problem(step_dir / DATA, legacy, read_data))
     items = {STATE: ocp.args.StandardRestore(target)}
-    for name in (CHECKSUMS, DATA, CONFIG):
+    for name in (CHECKSUMS, CONFIG):
       if (step_dir / name).exists():
         items[name] = ocp.args.JsonRestore()
+    if read_data:
+      items[DATA] = grain_checkpoint.CheckpointRestore(_DataState())
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as error:
@@ -258,15 +318,53 @@ class CheckpointManager:
       raise error
     if restored.get(CHECKSUMS) is not None:
       integrity.verify(restored[CHECKSUMS], restored[STATE])
-    return Restored(step, restored[STATE], restored.get(DATA), restored.get(CONFIG))
+    if legacy:
+      data_state = json.loads((step_dir / DATA / LEGACY_DATA_FILE).read_text())
+    else:
+      data_state = restored[DATA].state if read_data else None
+    return Restored(
+      step,
+      restored[STATE],
+      data_state,
+      restored.get(CONFIG),
+      data_processes=processes,
+      directory=str(self._directory),
+    )
 
   def _diagnose(self, step: int, items: Mapping[str, Any]) -> None:
     """Reads every item of `step` onto the host, independent of any target."""
-    integrity.check_json_items(self._directory / str(step), [n for n in items if n != STATE])
+    json_items = [n for n in items if n not in (STATE, DATA)]
+    integrity.check_json_items(self._directory / str(step), json_items)
     try:
       self.restore_numpy(step)
     except Exception as e:
       raise integrity.Corrupt(f"state arrays unreadable: {type(e).__name__}: {e}") from e
+
+
+def _data_processes(data_dir: epath.Path) -> int | None:
+  """How many processes saved the per-process data states in `data_dir` (None: none)."""
+  if not data_dir.exists():
+    return None
+  counts = {int(m.group(2)) for p in data_dir.iterdir() if (m := _DATA_FILE.fullmatch(p.name))}
+  if len(counts) != 1:
+    found = sorted(p.name for p in data_dir.iterdir())
+    raise integrity.Corrupt(f"item 'data' holds no consistent set of process states: {found}")
+  return counts.pop()
+
+
+def _data_problem(data_dir: epath.Path, legacy: bool, read_data: bool) -> str | None:
+  """What is wrong with the data state this process will read, or None."""
+  if legacy:
+    path = data_dir / LEGACY_DATA_FILE
+  elif read_data:
+    path = data_dir / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
+  else:
+    return None
+  try:
+    json.loads(path.read_text())
+  except Exception as e:
+    return f"item 'data' unreadable: {type(e).__name__}: {e}"
+  return None
 
 
 def _is_int(x: Any) -> bool:

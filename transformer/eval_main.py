@@ -1,0 +1,77 @@
+"""`transformer-eval` (`python -m transformer.eval_main`): eval.py as an installed command.
+
+  transformer-eval --workdir DIR [--checkpoint STEP] [--eval_batches N]
+  transformer-eval --workdir DIR --prompt "ROMEO:" --num_samples 3 --temperature 0.8 --top_k 40
+  transformer-eval --workdir DIR --bleu_method greedy          # translation runs
+  transformer-eval --workdir DIR --analyze [--prompt TEXT]     # attention statistics, heatmaps
+
+LMs: loss and perplexity (and samples for each --prompt); translation: corpus BLEU with
+sacrebleu (beam search by default); classifiers and ViT: accuracy and a confusion matrix
+(table, and DIR/confusion_step_<STEP>.png). Everything goes to DIR/eval_step_<STEP>.json.
+"""
+
+from absl import app, flags, logging
+
+from transformer.cli import apply_process_settings, parse_flags, run_reporting_errors
+from transformer.eval.evaluate import evaluate
+from transformer.tasks import EvalOptions
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "training run directory")
+_CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "step to evaluate (default: latest)")
+_EVAL_BATCHES = flags.DEFINE_integer("eval_batches", None, "batches (default: as in training)")
+_PROMPT = flags.DEFINE_multi_string("prompt", [], "LM: text to continue (repeatable)")
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "LM: samples per prompt")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 200, "LM: tokens to sample")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "LM: sampling temperature (0 = greedy)")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "LM: keep the k most likely tokens (0 = all)")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "LM: nucleus mass (1 = all)")
+_BLEU_METHOD = flags.DEFINE_enum("bleu_method", "beam", ["beam", "greedy"], "translation decoding")
+_BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "translation beam size")
+_ANALYZE = flags.DEFINE_bool("analyze", False, "attention statistics + heatmaps (first --prompt)")
+flags.mark_flag_as_required("workdir")
+
+
+def _run():
+  if _ANALYZE.value:  # transformer/research/analysis.py; see docs/RESEARCH.md
+    from transformer.research import analysis
+
+    text = _PROMPT.value[0] if _PROMPT.value else None
+    print(analysis.analyze(_WORKDIR.value, _CHECKPOINT.value, text=text)["markdown"])
+    return
+  options = EvalOptions(
+    prompts=tuple(_PROMPT.value), num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,
+    temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+    bleu_method=_BLEU_METHOD.value, beam_size=_BEAM_SIZE.value,
+  )  # fmt: skip
+  result = evaluate(_WORKDIR.value, _CHECKPOINT.value, _EVAL_BATCHES.value, options)
+  scalars = {
+    k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "confusion_table"
+  }
+  print(
+    " | ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}" for k, v in scalars.items())
+  )
+  for sample in result.get("samples", []):
+    print(f"--- {sample['prompt']!r} ---\n{sample['prompt']}{sample['sample']}")
+  for example in result.get("examples", []):
+    print(f"hyp: {example['hypothesis']}\nref: {example['reference']}")
+  if result.get("confusion_table"):
+    print(result["confusion_table"])
+
+
+def main(argv: list[str]) -> None:
+  """Evaluates `--workdir` (see the module docstring)."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if not flags.FLAGS["verbosity"].present:
+    logging.set_verbosity(logging.WARNING)
+  apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
+  run_reporting_errors(_run)
+
+
+def run() -> None:
+  """The console entry point."""
+  app.run(main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  run()
