@@ -33,7 +33,7 @@ format: $(VENV)/.installed
 # package index does not serve them.
 lock: $(VENV)/.installed
 	{ grep '^#' requirements-lock.txt; $(PY) -m pip freeze --exclude-editable \
-	  | grep -v '^transformer' | sed -E 's/^([^=]+==[^+]+)[+].*$$/\1/'; } > requirements-lock.txt.new
+	  | grep -vE '^transformer( @|==)' | sed -E 's/^([^=]+==[^+]+)[+].*$$/\1/'; } > requirements-lock.txt.new
 	mv requirements-lock.txt.new requirements-lock.txt
 
 clean-venv:

@@ -25,7 +25,11 @@ BAD = [
   (dict(position="absolute"), "position", "must be one of sinusoidal, learned, rope"),
   (dict(norm="batchnorm"), "norm", "must be one of layernorm, rmsnorm"),
   (dict(norm_position="middle"), "norm_position", "must be one of pre, post"),
-  (dict(activation="tanh"), "activation", "must be one of relu, gelu, swiglu, geglu"),
+  (
+    dict(activation="tanh"),
+    "activation",
+    "must be one of relu, gelu, gelu_tanh, swiglu, geglu, geglu_tanh",
+  ),
   (dict(family="rnn"), "family", "must be one of"),
   (dict(attention_impl="flash"), "attention_impl", "must be one of xla, jax, chunked"),
   (dict(dtype="float64"), "dtype", "must be one of"),

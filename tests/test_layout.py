@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "transformer"
 LAYERS: tuple[tuple[str, ...], ...] = (
   ("ops",),
   ("nn", "data"),
-  ("decode",),
+  ("decode", "convert"),
   ("tasks",),
   ("train",),
   ("eval",),

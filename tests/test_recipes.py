@@ -3,8 +3,10 @@
 Each config file loads with every documented argument and validates; then it trains two
 steps at tiny sizes through `train_lib.train_and_evaluate`, on its own data: the shipped
 files, or, for a config that names a standard TFDS dataset (`TFDS_CONFIGS`), that dataset
-under `tfds.testing.mock_data` (tests/test_tfds_configs.py). A config file that is added
-without an entry in `RECIPES` fails `test_every_config_is_covered`.
+under `tfds.testing.mock_data` (tests/test_tfds_configs.py). A config that starts from a
+Hugging Face directory (`init_from='hf:DIR'`) gets one written by scripts/make_tiny_hf.py
+(`tiny_hf_dirs`, at the sizes `tiny()` shrinks to). A config file that is added without an
+entry in `RECIPES` fails `test_every_config_is_covered`.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import importlib.util
 import math
 import os
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,6 +31,9 @@ _DIGITS_VIT = dict(image_size=8, patch_size=4, num_channels=1)  # 4 patches
 _FASHION_VIT = dict(image_size=28, patch_size=14, num_channels=1)  # 4 patches
 _RGB_VIT = dict(image_size=32, patch_size=16, num_channels=3)  # 4 patches
 _RGB_32 = dict(image_size=32)  # images resized to the tiny model's 32 x 32
+# Tiny random Hugging Face directories (scripts/make_tiny_hf.py), written by `tiny_hf_dirs`.
+TINY_HF = Path(tempfile.gettempdir()) / f"transformer_tiny_hf_{os.getpid()}"
+TINY_GPT2 = str(TINY_HF / "gpt2")
 
 # config file stem -> (documented args, data overrides, model overrides) for the tiny run.
 RECIPES: dict[str, tuple[tuple, dict, dict]] = {
@@ -45,12 +52,29 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "vit_digits": ((None,), {}, _DIGITS_VIT),
   "t5_span_corruption": ((None,), {}, {}),
   "prefix_lm_shakespeare": ((None,), {}, {}),
+  "finetune_gpt2_shakespeare": ((TINY_GPT2,), {}, {}),  # hf: a tiny random GPT-2 directory
 }
 # Configs whose data is a standard TFDS dataset: they train two steps on
 # `tfds.testing.mock_data` in tests/test_tfds_configs.py (`TFDS_CONFIGS` checked below).
 TFDS_CONFIGS = (
   "bert", "bert_sst2", "gpt2", "transformer_wmt", "vit", "vit_cifar10", "vit_fashion_mnist_tfds",
 )  # fmt: skip
+
+
+def make_tiny_hf():
+  """scripts/make_tiny_hf.py as a module (the package does not import it)."""
+  spec = importlib.util.spec_from_file_location("make_tiny_hf", REPO / "scripts/make_tiny_hf.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tiny_hf_dirs():
+  """The Hugging Face directories the `hf:` recipes start from."""
+  make_tiny_hf().make("gpt2", TINY_GPT2)
+  yield
+  shutil.rmtree(TINY_HF, ignore_errors=True)
 
 
 def _load(stem: str):

@@ -21,7 +21,7 @@ from transformer.data.packing import OVERLONG_POLICIES
 
 SOURCES = ("text", "pairs", "labelled", "idx", "image_folder", "sklearn_digits", "tfds")
 IMAGE_SOURCES = ("idx", "image_folder", "sklearn_digits")  # sources whose records are images
-TOKENIZERS = ("char", "byte", "sentencepiece", "none")
+TOKENIZERS = ("char", "byte", "sentencepiece", "pretrained", "none")
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when the package runs from one
 SHARE = ("share", "transformer")  # where `pip install .` puts configs/ and data/ (pyproject)
 
@@ -72,7 +72,7 @@ class DataConfig:
   label_names: tuple[str, ...] | None = None  # label values in id order; None = sorted / from TFDS
   source_column: str = "en"  # seq2seq: column / feature of the source language
   target_column: str = "es"  # seq2seq: column / feature of the target language
-  tokenizer: str = "char"  # char | byte | sentencepiece | none (images)
+  tokenizer: str = "char"  # char | byte | sentencepiece | pretrained | none (images)
   vocab_size: int = 8000  # sentencepiece vocabulary size (char / byte: fixed by the data)
   spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe
   tokenizer_train_examples: int = 300_000  # records (evenly spaced) the tokenizer is trained on
@@ -111,6 +111,8 @@ class DataConfig:
       raise ValueError(f"DataConfig.image_size must be positive, got {self.image_size}")
     if self.tokenizer_from and self.tokenizer == "none":
       raise ValueError("DataConfig: tokenizer_from needs a tokenizer (not 'none')")
+    if self.tokenizer == "pretrained" and not self.tokenizer_from:
+      raise ValueError("DataConfig: tokenizer 'pretrained' needs tokenizer_from (its workdir)")
     if self.num_workers < 0 or self.prefetch < 1 or self.crop_padding < 0:
       raise ValueError("DataConfig: num_workers and crop_padding must be >= 0, prefetch >= 1")
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from transformer.data import images, masking, packing
-from transformer.data.tokenizers import BOS_ID, CLS_ID, EOS_ID, SEP_ID, Tokenizer
+from transformer.data.tokenizers import CLS_ID, NUM_SPECIAL, PAD_ID, SEP_ID, Tokenizer
 
 Record = Mapping[str, Any]
 
@@ -89,7 +89,11 @@ class LMExample:
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
     index, record = item
     ids = np.concatenate(
-      [[BOS_ID], self.tokenizer.encode_array(text_of(record, self.text_key)), [EOS_ID]]
+      [
+        [self.tokenizer.bos_id],
+        self.tokenizer.encode_array(text_of(record, self.text_key)),
+        [self.tokenizer.eos_id],
+      ]
     )
     ids = packing.fit_length(
       ids, self.seq_len + 1, self.overlong, where(self.source_name, index, record)
@@ -118,7 +122,8 @@ class MLMExample:
     )
     if ids is None:
       return None
-    return {"inputs": np.concatenate([[CLS_ID], ids, [SEP_ID]]).astype(np.int32)}
+    tok = self.tokenizer
+    return {"inputs": np.concatenate([[tok.cls_id], ids, [tok.sep_id]]).astype(np.int32)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +145,10 @@ class Mask:
   tokenizer: Tokenizer
   mask_rate: float = 0.15
   whole_word: bool = False
+
+  def __post_init__(self) -> None:  # masking draws ordinary ids from [NUM_SPECIAL, vocab_size)
+    if self.tokenizer.num_special != NUM_SPECIAL:
+      raise ValueError(f"masking needs the special ids below {NUM_SPECIAL}")
 
   def __call__(
     self, ex: Mapping[str, np.ndarray], rng: np.random.Generator
@@ -177,7 +186,8 @@ class Classification:
     )
     if ids is None:
       return None
-    ex = packing.pad_example({"inputs": np.concatenate([[CLS_ID], ids])}, {"inputs": self.seq_len})
+    ids = np.concatenate([[self.tokenizer.cls_id], ids])
+    ex = packing.pad_example({"inputs": ids}, {"inputs": self.seq_len})
     return {
       "inputs": ex["inputs"],
       "segment_ids": ex["inputs_segment_ids"],
@@ -198,6 +208,10 @@ class Translation:
   overlong: str = "truncate"
   source_name: str = ""
 
+  def __post_init__(self) -> None:  # rows pad with 0, which the decoder also starts from
+    if self.tokenizer.pad_id != PAD_ID:
+      raise ValueError(f"seq2seq needs PAD = {PAD_ID}, got {self.tokenizer.pad_id}")
+
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
     index, record = item
     out = {}
@@ -211,7 +225,7 @@ class Translation:
       )
       if ids is None:
         return None
-      out[name] = np.concatenate([ids, [EOS_ID]]).astype(np.int32)
+      out[name] = np.concatenate([ids, [self.tokenizer.eos_id]]).astype(np.int32)
     return out
 
 

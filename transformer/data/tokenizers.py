@@ -275,6 +275,8 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     raise ValueError(f"{p}: not a tokenizer JSON file: {e}") from None
   if not isinstance(data, dict):
     raise ValueError(f"{p}: expected a JSON object, got {type(data).__name__}")
+  if data.get("kind") in LOADERS:
+    return LOADERS[data["kind"]](data, p)
   if tuple(data.get("specials", ())) != SPECIAL_TOKENS:
     raise ValueError(f"{p}: special tokens {data.get('specials')} differ from {SPECIAL_TOKENS}")
   kind = data.get("kind")
@@ -290,9 +292,14 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
   raise ValueError(f"{p}: unknown tokenizer kind {kind!r}")
 
 
+# kind -> (parsed JSON, path) -> tokenizer, for kinds saved by packages above this one
+# (transformer.convert.tokenizers registers 'pretrained' when imported)
+LOADERS: dict[str, Callable[[dict, epath.Path], Tokenizer]] = {}
+
+
 def tokenizer_filename(kind: str, vocab_size: int = 0, model_type: str = "unigram") -> str:
   if kind not in _TRAINERS:
-    raise ValueError(f"tokenizer kind must be 'char', 'byte' or 'sentencepiece', got {kind!r}")
+    raise ValueError(f"tokenizer kind must be one of {sorted(_TRAINERS)}, got {kind!r}")
   return f"spm_{model_type}_{vocab_size}.model" if kind == "sentencepiece" else f"{kind}_vocab.json"
 
 
@@ -324,4 +331,12 @@ _TRAINERS: dict[str, Callable[[Callable[[], Iterable[str]], int, str], Tokenizer
   "sentencepiece": lambda texts, vocab_size, model_type: SentencePieceTokenizer.train(
     texts(), vocab_size, model_type
   ),
+  "pretrained": lambda texts, vocab_size, model_type: _untrainable(),
 }
+
+
+def _untrainable() -> Tokenizer:
+  raise ValueError(
+    "DataConfig.tokenizer='pretrained' is never trained: set data.tokenizer_from to a "
+    "workdir holding tokenizers/pretrained_vocab.json (transformer.convert.tokenizers)"
+  )

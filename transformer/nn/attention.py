@@ -95,6 +95,7 @@ class MultiHeadAttention(nn.Module):
       chunk_size=c.attention_chunk_size,
       return_weights=return_weights,
       ops=c.ops,
+      scale=c.attention_scale,
     )
     out, weights = result if return_weights else (result, None)
     if return_weights:

@@ -14,8 +14,8 @@ from typing import Any, NoReturn
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-ACTIVATIONS = ("relu", "gelu", "swiglu", "geglu")
-GATED_ACTIVATIONS = ("swiglu", "geglu")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 ATTENTION_IMPLS = ("xla", "jax", "chunked")
 DTYPES = ("float32", "bfloat16", "float16")
 POOLINGS = ("cls", "mean")
@@ -26,7 +26,7 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 class ModelConfig:
   """Every architectural choice of a model. Invalid combinations raise `ValueError`.
 
-  Sizes: D = d_model, N = num_heads, K = num_kv_heads, H = head_dim = D // N,
+  Sizes: D = d_model, N = num_heads, K = num_kv_heads, H = head_dim (D // N unless set),
   F = d_ff (the hidden width actually used, gated or not; see `sizes.gated_hidden_size`).
   """
 
@@ -35,6 +35,7 @@ class ModelConfig:
   d_model: int = 128  # residual stream width D
   num_heads: int = 4  # query heads N
   num_kv_heads: int | None = None  # key/value heads K (None = N: MHA; 1: MQA; else GQA)
+  attention_head_dim: int | None = None  # H when not D // N (T5 v1.1 small: D 512, N 6, H 64)
   num_layers: int = 2  # encoder layers, or decoder layers for decoder-only / ViT
   num_decoder_layers: int | None = None  # seq2seq decoder layers (None = num_layers)
   d_ff: int = 512  # feed-forward hidden width F
@@ -49,11 +50,12 @@ class ModelConfig:
   norm: str = "layernorm"  # layernorm | rmsnorm
   norm_position: str = "pre"  # pre (pre-LN, final norm) | post (post-LN, Vaswani et al.)
   norm_eps: float = 1e-5  # epsilon inside the norm
-  activation: str = "gelu"  # relu | gelu | swiglu | geglu
+  activation: str = "gelu"  # relu | gelu | gelu_tanh (GPT-2) | swiglu | geglu | geglu_tanh (T5)
   use_bias: bool = True  # biases in attention and feed-forward projections
   dropout_rate: float = 0.0  # dropout on embeddings and residual branches
   attention_dropout_rate: float = 0.0  # dropout on attention weights
   tie_embeddings: bool = True  # logits through the input embedding (`Embed.attend`)
+  scale_logits: bool = False  # LM output hidden state * D**-0.5 before the logits (T5 v1.0)
   scale_embeddings: bool = False  # multiply token embeddings by sqrt(D) (Vaswani et al.)
   type_vocab_size: int = 0  # encoder segment (token type) embeddings; 0 = none
   num_classes: int = 0  # classifier classes (encoder classification, ViT)
@@ -63,6 +65,7 @@ class ModelConfig:
   pooling: str = "cls"  # ViT / classifier pooling: cls token or mean over positions
   attention_impl: str = "xla"  # xla (einsum) | jax (jax.nn.dot_product_attention) | chunked
   attention_chunk_size: int = 512  # query/key block size of the chunked implementation
+  attention_scale: float | None = None  # score multiplier; None = H**-0.5 (T5: 1.0, unscaled)
   sliding_window: int | None = None  # local attention: a query sees keys within this distance
   dtype: str = "float32"  # compute dtype; parameters stay float32
   scan_layers: bool = False  # nn.scan over layers (compile time flat in depth)
@@ -80,7 +83,7 @@ class ModelConfig:
 
   @property
   def head_dim(self) -> int:
-    return self.d_model // self.num_heads
+    return self.attention_head_dim or self.d_model // self.num_heads
 
   @property
   def kv_heads(self) -> int:
@@ -129,7 +132,7 @@ def _validate(c: ModelConfig) -> None:
     value = getattr(c, field)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
       fail(field, value, "must be a positive integer")
-  for field in ("num_kv_heads", "num_decoder_layers", "sliding_window"):
+  for field in ("num_kv_heads", "num_decoder_layers", "sliding_window", "attention_head_dim"):
     value = getattr(c, field)
     if value is not None and (not isinstance(value, int) or value <= 0):
       fail(field, value, "must be a positive integer or None")
@@ -142,7 +145,7 @@ def _validate(c: ModelConfig) -> None:
       fail(field, value, "must be in [0, 1)")
   if c.norm_eps <= 0:
     fail("norm_eps", c.norm_eps, "must be > 0")
-  if c.d_model % c.num_heads:
+  if c.attention_head_dim is None and c.d_model % c.num_heads:
     fail("d_model", c.d_model, f"must be divisible by num_heads={c.num_heads}")
   if c.num_heads % c.kv_heads:
     fail("num_kv_heads", c.num_kv_heads, f"must divide num_heads={c.num_heads}")
@@ -150,5 +153,7 @@ def _validate(c: ModelConfig) -> None:
     fail("rope_theta", c.rope_theta, "must be > 0")
   if c.attention_chunk_size <= 0:
     fail("attention_chunk_size", c.attention_chunk_size, "must be > 0")
+  if c.attention_scale is not None and not c.attention_scale > 0:
+    fail("attention_scale", c.attention_scale, "must be > 0 or None (H**-0.5)")
   POSITIONS[c.position](c).validate()
   FAMILIES[c.family].validate(c)

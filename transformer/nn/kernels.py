@@ -51,8 +51,9 @@ def dot_product_attention(
   chunk_size: int = 512,
   return_weights: bool = False,
   ops: str = "fast",
+  scale: float | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-  """softmax(q k^T / sqrt(H) + bias, masked) v.
+  """softmax(scale * q k^T + bias, masked) v, scale = 1 / sqrt(H) unless given.
 
   Args:
     q: [B, T, N, H]; k, v: [B, S, K, H] with N % K == 0.
@@ -64,6 +65,7 @@ def dot_product_attention(
     impl: 'xla' | 'jax' | 'chunked'.
     return_weights: also return the weights [B, N, T, S] (computed by 'xla').
     ops: 'fast' | 'plain' kernels (`transformer.ops`): dropout masks, causal query blocks.
+    scale: the score multiplier; None = H**-0.5 (T5 uses 1.0).
   Returns:
     [B, T, N, H] in q's dtype (and the float32 weights if asked).
   """
@@ -76,15 +78,17 @@ def dot_product_attention(
     raise ValueError("attention dropout needs a dropout_rng")
   kernels = select(ops)
   rate = dropout_rate if use_dropout else 0.0
+  scale = q.shape[-1] ** -0.5 if scale is None else scale
   if impl == "chunked" and not return_weights:
     return _chunked_attention(
-      q, k, v, mask, mask_info, bias, rate, dropout_rng, chunk_size, kernels.bernoulli
+      q, k, v, mask, mask_info, bias, rate, dropout_rng, chunk_size, scale, kernels.bernoulli
     )
   if mask_info is not None:
     mask = combine_masks(mask, mask_info.block_mask())
   if impl == "jax" and not use_dropout and not return_weights:
-    return jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask).astype(q.dtype)
-  attend = functools.partial(_xla_attention, bernoulli=kernels.bernoulli)
+    out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
+    return out.astype(q.dtype)
+  attend = functools.partial(_xla_attention, scale=scale, bernoulli=kernels.bernoulli)
   blocks = 1 if return_weights else kernels.causal_query_blocks(q.shape[1], k.shape[1], mask_info)
   if blocks > 1:
     return causal_block_attention(attend, q, k, v, mask, bias, rate, dropout_rng, blocks)
@@ -92,11 +96,11 @@ def dot_product_attention(
 
 
 def _xla_attention(
-  q, k, v, mask, bias, dropout_rate, dropout_rng, return_weights=False, *, bernoulli
+  q, k, v, mask, bias, dropout_rate, dropout_rng, return_weights=False, *, scale, bernoulli
 ):
   b, t, n, h = q.shape
   s, kv = k.shape[1], k.shape[2]
-  q = q * jnp.asarray(h**-0.5, q.dtype)
+  q = q * jnp.asarray(scale, q.dtype)
   if kv == n:  # MHA: plain 4-D contractions (cheaper layouts for XLA:CPU than G = 1)
     logits = jnp.einsum("BTNH,BSNH->BNTS", q, k, preferred_element_type=jnp.float32)
   else:
@@ -130,7 +134,7 @@ def _pad_axis(x, axis, new_len, value):
 
 
 def _chunked_attention(
-  q, k, v, mask, mask_info, bias, dropout_rate, dropout_rng, chunk, bernoulli: Callable
+  q, k, v, mask, mask_info, bias, dropout_rate, dropout_rng, chunk, scale, bernoulli: Callable
 ):
   b, t, n, h = q.shape
   s, kv = k.shape[1], k.shape[2]
@@ -138,7 +142,7 @@ def _chunked_attention(
   qc, kc = min(chunk, t), min(chunk, s)
   nq, nk = math.ceil(t / qc), math.ceil(s / kc)
   tp, sp = nq * qc, nk * kc
-  q = _pad_axis(q, 1, tp, 0) * jnp.asarray(h**-0.5, q.dtype)
+  q = _pad_axis(q, 1, tp, 0) * jnp.asarray(scale, q.dtype)
   k, v = _pad_axis(k, 1, sp, 0), _pad_axis(v, 1, sp, 0)
   mask = _pad_axis(_pad_axis(mask, 2, tp, False), 3, sp, False)
   bias = _pad_axis(_pad_axis(bias, 2, tp, 0.0), 3, sp, 0.0)

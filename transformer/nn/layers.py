@@ -67,8 +67,10 @@ def make_dropout(config: ModelConfig, rate: float | None = None) -> nn.Dropout:
 ACTIVATIONS = {
   "relu": nn.relu,
   "gelu": lambda x: nn.gelu(x, approximate=False),
+  "gelu_tanh": lambda x: nn.gelu(x, approximate=True),  # GPT-2 (Hendrycks & Gimpel 2016)
   "swiglu": nn.silu,  # gate activation of SwiGLU (Shazeer 2020)
   "geglu": lambda x: nn.gelu(x, approximate=False),  # gate activation of GeGLU
+  "geglu_tanh": lambda x: nn.gelu(x, approximate=True),  # GeGLU, tanh GELU (T5 v1.1)
 }
 
 

@@ -44,9 +44,10 @@ def sample_texts(
     temperature=temperature,
     top_k=top_k,
     top_p=top_p,
+    eos_id=tokenizer.eos_id,
     rng=jax.random.PRNGKey(seed),
   )
-  tokens = np.asarray(out.tokens)
+  tokens = [_strip(t, tokenizer.eos_id, pad_id=None) for t in np.asarray(out.tokens)]
   return [{"prompt": p, "sample": tokenizer.decode(t)} for p, t in zip(texts, tokens, strict=True)]
 
 
@@ -73,12 +74,12 @@ def check_prompts(tokenizer: Any, prompts: list[str], max_new_tokens: int, max_l
   return rows
 
 
-def _strip(ids: np.ndarray) -> list[int]:
-  """Token ids up to the first EOS, without padding."""
+def _strip(ids: np.ndarray, eos_id: int = EOS_ID, pad_id: int | None = PAD_ID) -> list[int]:
+  """Token ids up to the first `eos_id`, without `pad_id` (None: keep every id)."""
   ids = [int(i) for i in ids]
-  if EOS_ID in ids:
-    ids = ids[: ids.index(EOS_ID)]
-  return [i for i in ids if i != PAD_ID]
+  if eos_id in ids:
+    ids = ids[: ids.index(eos_id)]
+  return [i for i in ids if i != pad_id]
 
 
 def bleu(
@@ -112,7 +113,7 @@ def bleu(
     if not keep.any():
       continue
     for row in batch["targets"][keep]:
-      refs.append(_matching_reference(tok, refs_iter, _strip(row), len(refs)))
+      refs.append(_matching_reference(tok, refs_iter, _strip(row, tok.eos_id), len(refs)))
     inputs = batch["inputs"][keep]
     out = decode.translate(
       model,
@@ -122,8 +123,9 @@ def bleu(
       beam_size=beam_size,
       alpha=alpha,
       max_len=batch["targets"].shape[1],
+      eos_id=tok.eos_id,
     )
-    hyps += [tok.decode(_strip(row)) for row in np.asarray(out.tokens)]
+    hyps += [tok.decode(_strip(row, tok.eos_id)) for row in np.asarray(out.tokens)]
   metric = sacrebleu.BLEU()
   result = metric.corpus_score(hyps, [refs])
   return {

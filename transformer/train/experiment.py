@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
+from etils import epath
 from ml_collections import config_dict
 
 from transformer import tasks
@@ -34,6 +35,19 @@ from transformer.train import optimizer as optimizer_lib
 from transformer.train import schedules
 
 PARALLELISM = ("jit", "pmap")
+HF_PREFIX = "hf:"  # init_from='hf:DIR': a Hugging Face model directory (docs/PRETRAINED.md)
+
+# ModelConfig fields that change how a model computes, not what it is: a run may resume or
+# be evaluated with other values, and a config may set them over an `hf:` checkpoint's.
+# Any other difference is a different model.
+RUNTIME_FIELDS = (
+  "dropout_rate",
+  "attention_dropout_rate",
+  "attention_impl",
+  "attention_chunk_size",
+  "dtype",
+  "remat_policy",
+)
 
 
 def _fail(field: str, value: Any, rule: str):
@@ -65,7 +79,8 @@ class LoopConfig:
   log_every: int = 50  # steps between training-metric lines
   skip_nonfinite: bool = False  # skip (and count) updates with NaN/Inf instead of stopping
   preemption_grace_seconds: float = 25.0  # SIGTERM: seconds to save and exit (< the kill)
-  init_from: str = ""  # workdir or checkpoint folder whose matching parameters init the model
+  init_from: str = ""  # workdir / checkpoint folder whose matching parameters init the model,
+  # or 'hf:DIR', a Hugging Face directory: its model config, weights and tokenizer
   compilation_cache_dir: str = ""  # persistent XLA compilation cache folder ('' = off)
 
   def __post_init__(self):
@@ -284,9 +299,13 @@ def validate(config: ml_collections.ConfigDict) -> Experiment:
     for cls in TOP_BLOCKS
   )
 
-  data = convert(DataConfig, _as_dict(config.data), "data.")
-  task = tasks.get(data.kind).create(data, loop.seq_len)
+  data_fields = _as_dict(config.data)
   model_fields = _as_dict(config.model)
+  directory = hf_dir(loop.init_from)
+  if directory is not None:
+    model_fields, data_fields = _from_hf(loop.init_from, directory, model_fields, data_fields)
+  data = convert(DataConfig, data_fields, "data.")
+  task = tasks.get(data.kind).create(data, loop.seq_len)
   vocab_from_data = model_fields.get("vocab_size") == 0
   if vocab_from_data:
     model_fields["vocab_size"] = 1  # validated with a stand-in; `finalize_model` fills it
@@ -324,6 +343,64 @@ def validate(config: ml_collections.ConfigDict) -> Experiment:
     vocab_from_data=vocab_from_data,
     classes_from_data=classes_from_data,
   )
+
+
+def hf_dir(init_from: str) -> str | None:
+  """The Hugging Face directory of `init_from='hf:DIR'`, else None."""
+  return init_from[len(HF_PREFIX) :] if init_from.startswith(HF_PREFIX) else None
+
+
+def _from_hf(
+  init_from: str, directory: str, model: dict[str, Any], data: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The model fields of the checkpoint (with the config's runtime fields and max_len) and
+  the data fields reading its tokenizer.
+
+  A model field the config sets (differs from `default_config()`) that the checkpoint
+  decides otherwise is one `ValueError` naming the field and both values.
+  """
+  from transformer.convert import hf, registry
+  from transformer.convert import tokenizers as pretrained
+
+  where = f"config.init_from={init_from!r}"
+  try:
+    hf_config = hf.read_config(directory)
+    architectures = hf_config.get("architectures") or [None]
+    if len(architectures) != 1:
+      raise ValueError(f"architectures={architectures}: expected one entry")
+    converter = registry.get(architectures[0], "architectures")
+    fields = converter.config_from_hf(hf_config)
+  except KeyError as e:
+    raise ValueError(f"{where}: config.json lacks {e}") from None
+  except ValueError as e:
+    raise ValueError(f"{where}: {e}") from None
+  defaults = _as_dict(default_config().model)
+  merged = dict(model)
+  for name, value in fields.items():
+    mine = model.get(name, defaults.get(name))
+    if name in RUNTIME_FIELDS:
+      continue  # the config's (the checkpoint's dropout is not applied)
+    if mine == defaults.get(name) or mine == value:
+      merged[name] = value
+    elif name != "max_len":
+      _fail(f"model.{name}", mine, f"conflicts with the checkpoint's {name}={value!r} ({where})")
+  if merged.get("scan_layers"):
+    _fail("model.scan_layers", True, f"{where} loads unrolled layers: use False")
+  if merged.get("position") == "learned" and merged["max_len"] > fields.get("max_len", 0):
+    _fail(
+      "model.max_len", merged["max_len"],
+      f"exceeds the checkpoint's {fields.get('max_len')} learned positions ({where})",
+    )  # fmt: skip
+  root = epath.Path(directory)
+  if any((root / name).exists() for name in pretrained.SOURCE_FILES):
+    default_data = _as_dict(default_config().data)
+    if data.get("tokenizer") not in (default_data["tokenizer"], pretrained.KIND):
+      _fail("data.tokenizer", data.get("tokenizer"), f"{where} reads the checkpoint's tokenizer")
+    if data.get("tokenizer_from"):
+      _fail("data.tokenizer_from", data["tokenizer_from"], f"{where} reads its own tokenizer")
+    # `train.setup.build` copies it into the workdir and points tokenizer_from there.
+    data = {**data, "tokenizer": pretrained.KIND, "tokenizer_from": directory}
+  return merged, data
 
 
 def _rules(raw: Any) -> dict[str, tuple[str, ...]]:

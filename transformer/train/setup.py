@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from transformer.convert import tokenizers as _  # noqa: F401  (load_tokenizer: 'pretrained')
 from transformer.data.datasets import DataInfo, make_datasets
 from transformer.data.files import write_atomic
 from transformer.nn import partitioning
@@ -24,23 +25,12 @@ from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.tasks import Task
 from transformer.train import finetune
-from transformer.train.experiment import Experiment, finalize_model
+from transformer.train.experiment import RUNTIME_FIELDS, Experiment, finalize_model
 from transformer.train.optimizer import create_optimizer
 from transformer.train.parallel import StepRunner
 from transformer.train.step import StepConfig, TrainState, create_train_state
 
 MODEL_CONFIG_FILE = "model_config.json"
-
-# ModelConfig fields that change how a model computes, not what it is: a run may resume or
-# be evaluated with other values. Any other difference is a different model.
-RUNTIME_FIELDS = (
-  "dropout_rate",
-  "attention_dropout_rate",
-  "attention_impl",
-  "attention_chunk_size",
-  "dtype",
-  "remat_policy",
-)
 
 
 @dataclasses.dataclass
@@ -79,6 +69,7 @@ def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
   `perturb` is the step's optional hook (`StepConfig.perturb`).
   """
   loop = exp.loop
+  exp = dataclasses.replace(exp, data=finetune.hf_tokenizer_data(loop.init_from, exp.data, workdir))
   train_iter, eval_factory, info = make_datasets(
     exp.data, exp.task.data_spec(), workdir, loop.batch_size, loop.seq_len, loop.seed
   )

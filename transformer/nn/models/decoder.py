@@ -52,6 +52,8 @@ class DecoderLM(nn.Module):
       prefix=prefix_mask,
     )
     x = Stack(c, c.num_layers, name="decoder")(x, info, deterministic=deterministic, decode=decode)
+    if c.scale_logits:
+      x = x * jnp.asarray(c.d_model**-0.5, x.dtype)  # [B, T, D]
     if c.tie_embeddings:
       logits = embed.attend(x)  # [B, T, V]
     else:

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from transformer.nn import counts
 from transformer.nn.blocks import Stack
-from transformer.nn.config import ModelConfig
+from transformer.nn.config import ModelConfig, fail
 from transformer.nn.layers import (
   Embedder,
   default_positions,
@@ -136,7 +136,8 @@ def build(c: ModelConfig) -> nn.Module:
 
 
 def validate(c: ModelConfig) -> None:
-  del c  # every generic rule applies; nothing encoder-specific
+  if c.scale_logits:
+    fail("scale_logits", c.scale_logits, "the output rescaling is for decoder and seq2seq")
 
 
 def param_count(c: ModelConfig) -> int:

@@ -2,7 +2,9 @@
 
 Letters: B batch, S source length, T target length, D model dim, V vocabulary.
 Source and target share one vocabulary and one embedding table; with `tie_embeddings`
-the output logits also use it (Vaswani et al. 3.4).
+the output logits also use it (Vaswani et al. 3.4). T5 (transformer/convert/t5.py):
+relative_t5 positions, pre-RMSNorm, no biases, `attention_scale=1.0`, ReLU (v1.0) or
+`geglu_tanh` (v1.1) feed-forward, `scale_logits` (v1.0) or an untied head (v1.1).
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class EncoderDecoder(nn.Module):
     )
     cross_info = MaskInfo.create(targets_segment_ids, inputs_segment_ids, q_positions=positions)
     x = self.decoder(x, self_info, encoded, cross_info, deterministic=deterministic, decode=decode)
+    if c.scale_logits:  # T5 v1.0 (Mesh TensorFlow): rescale before the tied logits
+      x = x * jnp.asarray(c.d_model**-0.5, x.dtype)  # [B, T, D]
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)  # [B, T, V]
     return logits.astype(jnp.float32)
 

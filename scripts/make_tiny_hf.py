@@ -1,0 +1,196 @@
+"""Tiny random Hugging Face model directories, to try `init_from='hf:DIR'` with no network.
+
+  python scripts/make_tiny_hf.py runs/tiny_hf            # gpt2/ bert/ llama/ t5/ vit/
+  python scripts/make_tiny_hf.py runs/tiny_hf gpt2 t5    # only these
+
+Each directory is what `save_pretrained` writes (config.json, model.safetensors), with
+random weights from our own initialisation written by `transformer.convert.save`, and a
+tokenizer trained on the first lines of data/tinyshakespeare.txt.gz where the family has
+one: GPT-2 a byte-level BPE (`tokenizer.json`, `<|endoftext|>` as BOS = EOS = UNK), BERT
+a WordPiece (`tokenizer.json`, [PAD] [UNK] [CLS] [SEP] [MASK]), Llama a SentencePiece BPE
+(`tokenizer.model`, UNK 0, BOS 1, EOS 2), T5 a SentencePiece unigram (`spiece.model`, PAD 0,
+EOS 1, UNK 2, 100 sentinels); ViT has none. Sizes: width 32, 2 heads, 1 layer, feed-forward
+64, 64 positions (the sizes tests/test_recipes.py shrinks every config to). The weights are
+random: the point is the path (config, weights, tokenizer), not the predictions.
+
+Needs the `hf` extra (safetensors, tokenizers, sentencepiece), not PyTorch or
+`transformers`. Not imported by the package; tests load it by path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+from pathlib import Path
+
+import jax
+
+from transformer import convert
+from transformer.convert import registry
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+TEXT = REPO / "data" / "tinyshakespeare.txt.gz"
+WIDTH, HEADS, LAYERS, FFN, MAX_LEN = 32, 2, 1, 64, 64
+FAMILIES = ("gpt2", "bert", "llama", "t5", "vit")
+END = "<|endoftext|>"
+
+
+def corpus(lines: int = 400) -> list[str]:
+  """The first non-empty lines of the shipped Shakespeare text."""
+  with gzip.open(TEXT, "rt", encoding="utf-8") as f:
+    out = []
+    for line in f:
+      if line.strip():
+        out.append(line.rstrip("\n"))
+      if len(out) == lines:
+        break
+  return out
+
+
+def _write_config(path: Path, **tokens: str) -> None:
+  (path / "tokenizer_config.json").write_text(json.dumps(tokens, indent=2) + "\n")
+
+
+def gpt2_tokenizer(path: Path, texts: list[str], vocab_size: int = 300) -> int:
+  """A byte-level BPE with `<|endoftext|>` as the last id; returns the vocabulary size."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    show_progress=False,
+  )  # fmt: skip
+  tok.train_from_iterator(texts, trainer)
+  tok.add_special_tokens([END])  # the last id, as GPT-2's 50256
+  tok.save(str(path / "tokenizer.json"))
+  _write_config(path, bos_token=END, eos_token=END, unk_token=END)
+  return tok.get_vocab_size(with_added_tokens=True)
+
+
+def bert_tokenizer(path: Path, texts: list[str], vocab_size: int = 300) -> int:
+  from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+  tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+  tok.normalizer = normalizers.BertNormalizer(lowercase=True)
+  tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+  tok.decoder = decoders.WordPiece()
+  specials = ["[PAD]", "[unused0]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # BERT's order
+  trainer = trainers.WordPieceTrainer(
+    vocab_size=vocab_size, special_tokens=specials, show_progress=False
+  )
+  tok.train_from_iterator(texts, trainer)
+  tok.save(str(path / "tokenizer.json"))
+  roles = ("pad", "unk", "cls", "sep", "mask")
+  _write_config(path, **{f"{r}_token": f"[{r.upper()}]" for r in roles})
+  return tok.get_vocab_size(with_added_tokens=True)
+
+
+def _sentencepiece(texts: list[str], vocab_size: int, **ids) -> bytes:
+  import sentencepiece as spm
+
+  model = io.BytesIO()
+  spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size,
+    hard_vocab_limit=False, num_threads=1, minloglevel=2, **ids,
+  )  # fmt: skip
+  return model.getvalue()
+
+
+def llama_tokenizer(path: Path, texts: list[str], vocab_size: int = 300) -> int:
+  import sentencepiece as spm
+
+  proto = _sentencepiece(texts, vocab_size, model_type="bpe", unk_id=0, bos_id=1, eos_id=2)
+  (path / "tokenizer.model").write_bytes(proto)
+  _write_config(path, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+  return spm.SentencePieceProcessor(model_proto=proto).get_piece_size()
+
+
+def t5_tokenizer(path: Path, texts: list[str], vocab_size: int = 300) -> int:
+  import sentencepiece as spm
+
+  proto = _sentencepiece(
+    texts, vocab_size, model_type="unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1
+  )
+  (path / "spiece.model").write_bytes(proto)
+  _write_config(path, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", extra_ids=100)
+  return spm.SentencePieceProcessor(model_proto=proto).get_piece_size() + 100
+
+
+def hf_config(family: str, vocab: int) -> tuple[str, dict]:
+  """(architecture, the config.json fields its converter reads) of a tiny model."""
+  bert_like = dict(
+    hidden_size=WIDTH, num_attention_heads=HEADS, num_hidden_layers=LAYERS,
+    intermediate_size=FFN, hidden_act="gelu",
+  )  # fmt: skip
+  if family == "gpt2":
+    return "GPT2LMHeadModel", dict(
+      vocab_size=vocab, n_embd=WIDTH, n_head=HEADS, n_layer=LAYERS, n_inner=FFN,
+      n_positions=MAX_LEN, activation_function="gelu_new",
+    )  # fmt: skip
+  if family == "bert":
+    return "BertForMaskedLM", dict(
+      vocab_size=vocab, max_position_embeddings=MAX_LEN, type_vocab_size=2, **bert_like
+    )
+  if family == "llama":
+    return "LlamaForCausalLM", dict(
+      vocab_size=vocab, hidden_size=WIDTH, num_attention_heads=HEADS, num_key_value_heads=1,
+      num_hidden_layers=LAYERS, intermediate_size=FFN, max_position_embeddings=MAX_LEN,
+      hidden_act="silu", rope_theta=10_000.0, tie_word_embeddings=False,
+    )  # fmt: skip
+  if family == "t5":
+    return "T5ForConditionalGeneration", dict(
+      vocab_size=vocab, d_model=WIDTH, num_heads=HEADS, d_kv=WIDTH // HEADS, d_ff=FFN,
+      num_layers=LAYERS, num_decoder_layers=LAYERS, feed_forward_proj="relu",
+      is_encoder_decoder=True, n_positions=MAX_LEN, tie_word_embeddings=True,
+    )  # fmt: skip
+  if family == "vit":
+    return "ViTForImageClassification", dict(
+      image_size=32, patch_size=16, num_channels=3, qkv_bias=True,
+      id2label={str(i): f"LABEL_{i}" for i in range(10)}, **bert_like,
+    )  # fmt: skip
+  raise ValueError(f"family {family!r}: one of {', '.join(FAMILIES)}")
+
+
+TOKENIZERS = {
+  "gpt2": gpt2_tokenizer,
+  "bert": bert_tokenizer,
+  "llama": llama_tokenizer,
+  "t5": t5_tokenizer,
+}
+
+
+def make(family: str, path: str | Path, seed: int = 0, texts: list[str] | None = None) -> Path:
+  """Writes a tiny random `family` directory (with its tokenizer) at `path`; returns it."""
+  path = Path(path)
+  path.mkdir(parents=True, exist_ok=True)
+  vocab = 0
+  if family in TOKENIZERS:
+    vocab = TOKENIZERS[family](path, texts if texts is not None else corpus())
+  architecture, fields = hf_config(family, vocab)
+  converter = registry.get(architecture)
+  config = ModelConfig(**converter.config_from_hf(fields))
+  inputs = converter.init_inputs(config)
+  params = build_model(config).init(jax.random.PRNGKey(seed), *inputs)["params"]
+  convert.save(path, config, params, architecture)
+  return path
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("out", help="folder to write one directory per family into")
+  parser.add_argument("families", nargs="*", default=FAMILIES, help=", ".join(FAMILIES))
+  parser.add_argument("--seed", type=int, default=0)
+  args = parser.parse_args()
+  texts = corpus()
+  for family in args.families:
+    print(make(family, Path(args.out) / family, args.seed, texts))
+
+
+if __name__ == "__main__":
+  main()

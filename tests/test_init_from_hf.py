@@ -1,0 +1,122 @@
+"""`config.init_from='hf:DIR'`: fine-tuning a Hugging Face directory.
+
+A tiny random GPT-2 with a byte-level BPE trained on a few lines of the shipped
+Shakespeare (scripts/make_tiny_hf.py, nothing downloaded) is fine-tuned for 2 steps: the
+model config, every weight, the tokenizer and the vocabulary size are the directory's,
+so the first step's training loss is the imported model's own loss on that first batch.
+A model field that conflicts with the checkpoint fails in one line before compiling.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from test_recipes import make_tiny_hf, tiny
+
+from transformer import convert
+from transformer.convert import tokenizers as pretrained
+from transformer.train import experiment, losses, setup
+from transformer.train import loop as train_lib
+
+FAMILIES = ("gpt2", "bert", "llama", "t5", "vit")
+
+
+@pytest.fixture(scope="module")
+def script():
+  return make_tiny_hf()
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(script, tmp_path_factory):
+  return script.make("gpt2", tmp_path_factory.mktemp("hf") / "gpt2", texts=script.corpus(60))
+
+
+def _config(gpt2_dir, **loop):
+  config = tiny("finetune_gpt2_shakespeare", init_from=f"hf:{gpt2_dir}", **loop)
+  config.model.update(dropout_rate=0.0, attention_dropout_rate=0.0)  # a deterministic step
+  return config
+
+
+def test_two_steps_start_from_the_imported_model(gpt2_dir, tmp_path, caplog):
+  config = _config(gpt2_dir)
+  with caplog.at_level("INFO"):
+    metrics = train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+  assert np.isfinite(metrics["loss"])
+  hf_cfg, imported = convert.load(gpt2_dir)
+
+  logged = [r.getMessage() for r in caplog.records if "tensors copied" in r.getMessage()]
+  assert len(logged) == 1, logged
+  copied, total = map(int, re.search(r": (\d+) of (\d+) tensors copied", logged[0]).groups())
+  assert copied == total == len(jax.tree.leaves(imported)), logged  # every weight
+
+  # The tokenizer is the directory's, cached in the workdir; the vocabulary is the checkpoint's.
+  saved = Path(tmp_path, "run", "tokenizers", pretrained.filename())
+  expected = tmp_path / "expected.json"
+  pretrained.from_pretrained_dir(gpt2_dir).save(expected)
+  assert saved.read_bytes() == expected.read_bytes()
+  run_cfg = json.loads(Path(tmp_path, "run", setup.MODEL_CONFIG_FILE).read_text())
+  assert (
+    run_cfg["vocab_size"]
+    == hf_cfg.vocab_size
+    == json.loads(Path(gpt2_dir, "config.json").read_text())["vocab_size"]
+  )
+  for field in ("d_model", "num_heads", "num_layers", "d_ff", "activation", "tie_embeddings"):
+    assert run_cfg[field] == getattr(hf_cfg, field), field
+  assert run_cfg["max_len"] == 32  # the config's (tiny), below the checkpoint's 64 positions
+
+  # The first batch through the imported parameters, with the task's forward and loss.
+  exp = experiment.validate(_config(gpt2_dir))
+  s = setup.build(exp, str(tmp_path / "fresh"))
+  batch = next(iter(s.train_iter))
+  params = jax.tree.map(np.asarray, imported["params"])
+  positions = params["embedder"]["positions"]
+  positions["embedding"] = positions["embedding"][:32]  # the run's max_len
+  logits, targets, weights = exp.task.forward(s.model, {"params": params}, batch, True, {})
+  loss_sum, weight_sum, _ = losses.cross_entropy_with_label_smoothing(
+    logits, targets, weights, 0.0, 0.0
+  )
+  expected_loss = float(loss_sum / weight_sum)
+  lines = Path(tmp_path, "run", "metrics.jsonl").read_text().splitlines()
+  first = [json.loads(x) for x in lines if json.loads(x).get("split") == "train"][0]
+  assert first["step"] == 1
+  np.testing.assert_allclose(first["loss"], expected_loss, rtol=1e-5)
+
+
+def test_a_conflicting_model_field_fails_in_one_line(gpt2_dir):
+  config = _config(gpt2_dir)
+  config.model.d_model = 48
+  with pytest.raises(ValueError) as e:
+    experiment.validate(config)
+  message = str(e.value)
+  assert "\n" not in message
+  assert re.search(r"model\.d_model=48.*d_model=32", message), message
+
+
+def test_runtime_fields_and_max_len_may_be_set(gpt2_dir):
+  config = _config(gpt2_dir)
+  config.model.update(dtype="bfloat16", dropout_rate=0.2, attention_impl="jax", max_len=16)
+  exp = experiment.validate(config)
+  assert (exp.model.dtype, exp.model.dropout_rate, exp.model.attention_impl) == (
+    "bfloat16", 0.2, "jax",
+  )  # fmt: skip
+  assert (exp.model.max_len, exp.model.d_model, exp.model.num_layers) == (16, 32, 1)
+  assert (exp.data.tokenizer, exp.data.tokenizer_from) == ("pretrained", str(gpt2_dir))
+  config.model.max_len = 128  # beyond the checkpoint's 64 learned positions
+  with pytest.raises(ValueError, match=r"model\.max_len=128.*64 learned positions"):
+    experiment.validate(config)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_script_writes_directories_that_load(script, family, tmp_path):
+  path = script.make(family, tmp_path / family, texts=script.corpus(60))
+  cfg, params = convert.load(path)
+  assert cfg.d_model == 32 and jax.tree.leaves(params)
+  if family != "vit":
+    tok = pretrained.from_pretrained_dir(path)
+    assert tok.vocab_size == cfg.vocab_size
+    assert tok.decode(tok.encode("First Citizen")).replace(" ", "").lower() == "firstcitizen"

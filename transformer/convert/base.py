@@ -1,0 +1,172 @@
+"""What a Hugging Face converter is: a config mapping and a list of tensor rules.
+
+Letters: D model dim, N heads (query or key/value), H head dim, F feed-forward width.
+
+A `Rule` ties one or more of our parameters (paths as `model.init` names them, without the
+leading 'params/') to one or more tensors of a Hugging Face state dict, with the two
+NumPy functions between them; `to_hf(*to_ours(x)) == x` bit for bit. A `Converter` holds
+one architecture's config mapping and its rules; the directory IO that uses them is
+`convert.hf`. PyTorch `nn.Linear` weights are [out, in]; our dense kernels are [in, out].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NoReturn
+
+import numpy as np
+
+from transformer.nn.config import ModelConfig
+
+Arrays = tuple[np.ndarray, ...]
+
+# Hugging Face `hidden_act` / `activation_function` names -> ModelConfig.activation.
+HF_ACTIVATIONS = {
+  "gelu": "gelu",
+  "gelu_new": "gelu_tanh",
+  "gelu_pytorch_tanh": "gelu_tanh",
+  "relu": "relu",
+}
+OUR_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """Our parameters `ours` <-> Hugging Face tensors `hf`, through two NumPy functions."""
+
+  ours: tuple[str, ...]  # e.g. ('decoder/layer_0/ffn/wi/kernel',)
+  hf: tuple[str, ...]  # e.g. ('transformer.h.0.mlp.c_fc.weight',)
+  to_ours: Callable[..., Arrays]  # HF arrays (in `hf` order) -> ours (in `ours` order)
+  to_hf: Callable[..., Arrays]  # the inverse
+
+
+@dataclasses.dataclass(frozen=True)
+class Converter:
+  """One Hugging Face architecture (a `config.json` `architectures` entry).
+
+  config_from_hf: config.json dict -> ModelConfig fields (every architectural field; an
+    option the architecture has and we lack raises `unsupported`).
+  config_to_hf: ModelConfig -> config.json dict (without `architectures`).
+  rules: the tensor rules of a config, covering every parameter of its model.
+  base_prefix: the backbone's key prefix ('transformer.'), which checkpoints saved from
+    the bare backbone (e.g. the original `gpt2`) leave out.
+  init_inputs: example inputs of the model's `init` (shapes only; default tokens [1, 1]).
+  """
+
+  architecture: str
+  model_type: str
+  config_from_hf: Callable[[Mapping[str, Any]], dict[str, Any]]
+  config_to_hf: Callable[[ModelConfig], dict[str, Any]]
+  rules: Callable[[ModelConfig], list[Rule]]
+  base_prefix: str = ""
+  init_inputs: Callable[[ModelConfig], tuple[np.ndarray, ...]] = lambda c: (
+    np.zeros((1, 1), np.int32),  # tokens [B, T]
+  )
+
+
+def unsupported(architecture: str, option: str, value: Any, supported: Iterable[Any]) -> NoReturn:
+  """Raises the one-line `ValueError` for an option value we cannot convert."""
+  listed = ", ".join(repr(s) for s in supported)
+  raise ValueError(f"{architecture}: {option}={value!r} is not supported (supported: {listed})")
+
+
+def require(hf: Mapping[str, Any], architecture: str, option: str, supported: tuple) -> Any:
+  """hf[option] (a missing option counts as supported[0]) when it is one of `supported`."""
+  value = hf.get(option, supported[0])
+  if value not in supported:
+    unsupported(architecture, option, value, supported)
+  return value
+
+
+def activation(hf: Mapping[str, Any], architecture: str, option: str) -> str:
+  """The ModelConfig activation of hf[option] ('gelu_new' -> 'gelu_tanh')."""
+  return HF_ACTIVATIONS[require(hf, architecture, option, tuple(HF_ACTIVATIONS))]
+
+
+def labels(num_classes: int) -> dict[str, Any]:
+  """The config.json label maps of a classifier with `num_classes` outputs."""
+  names = [f"LABEL_{i}" for i in range(num_classes)]
+  return {
+    "id2label": {str(i): n for i, n in enumerate(names)},
+    "label2id": {n: i for i, n in enumerate(names)},
+  }
+
+
+def num_labels(hf: Mapping[str, Any]) -> int:
+  """Classes of a Hugging Face classifier config (id2label, else num_labels, else 2)."""
+  if hf.get("id2label"):
+    return len(hf["id2label"])
+  return int(hf.get("num_labels", 2))
+
+
+# Rule builders. `ours` and `hf` are prefixes: 'decoder/layer_0/ffn/wi', 'h.0.mlp.c_fc'.
+
+
+def same(ours: str, hf: str) -> Rule:
+  """An identical tensor (embeddings, biases, norm scales)."""
+  return Rule((ours,), (hf,), lambda x: (x,), lambda x: (x,))
+
+
+def linear(ours: str, hf: str, bias: bool = True) -> list[Rule]:
+  """nn.Linear weight [out, in] (+ bias) <-> Dense kernel [in, out] (+ bias)."""
+  rules = [Rule((f"{ours}/kernel",), (f"{hf}.weight",), lambda w: (w.T,), lambda k: (k.T,))]
+  return rules + ([same(f"{ours}/bias", f"{hf}.bias")] if bias else [])
+
+
+def norm(ours: str, hf: str, bias: bool = True) -> list[Rule]:
+  """LayerNorm weight, bias <-> scale, bias (RMSNorm: weight <-> scale only)."""
+  rules = [same(f"{ours}/scale", f"{hf}.weight")]
+  return rules + ([same(f"{ours}/bias", f"{hf}.bias")] if bias else [])
+
+
+def heads_in(ours: str, hf: str, heads: int, head_dim: int, bias: bool = True) -> list[Rule]:
+  """q/k/v nn.Linear [N*H, D] (+ [N*H]) <-> DenseGeneral kernel [D, N, H] (+ [N, H])."""
+
+  def to_ours(w):
+    return (w.T.reshape(w.shape[1], heads, head_dim),)  # [D, N, H]
+
+  def to_hf(k):
+    return (k.reshape(k.shape[0], heads * head_dim).T,)  # [N*H, D]
+
+  rules = [Rule((f"{ours}/kernel",), (f"{hf}.weight",), to_ours, to_hf)]
+  if bias:
+    rules.append(
+      Rule(
+        (f"{ours}/bias",),
+        (f"{hf}.bias",),
+        lambda b: (b.reshape(heads, head_dim),),  # [N, H]
+        lambda b: (b.reshape(heads * head_dim),),  # [N*H]
+      )
+    )
+  return rules
+
+
+def heads_out(ours: str, hf: str, heads: int, head_dim: int, bias: bool = True) -> list[Rule]:
+  """Output nn.Linear [D, N*H] <-> DenseGeneral kernel [N, H, D]; the bias [D] as is."""
+
+  def to_ours(w):
+    return (w.T.reshape(heads, head_dim, w.shape[0]),)  # [N, H, D]
+
+  def to_hf(k):
+    return (k.reshape(heads * head_dim, k.shape[-1]).T,)  # [D, N*H]
+
+  rules = [Rule((f"{ours}/kernel",), (f"{hf}.weight",), to_ours, to_hf)]
+  return rules + ([same(f"{ours}/bias", f"{hf}.bias")] if bias else [])
+
+
+# Fields every architecture here has at these values (options our ModelConfig adds).
+PLAIN = {
+  "sliding_window": None,
+  "scale_embeddings": False,
+  "attention_scale": None,
+  "scale_logits": False,
+  "attention_head_dim": None,
+}
+
+
+def hf_activation(config: ModelConfig, architecture: str) -> str:
+  """The Hugging Face name of `config.activation`, or the one-line refusal."""
+  if config.activation not in OUR_ACTIVATIONS:
+    unsupported(architecture, "ModelConfig.activation", config.activation, OUR_ACTIVATIONS)
+  return OUR_ACTIVATIONS[config.activation]

@@ -1,0 +1,141 @@
+"""BERT (`BertForMaskedLM`, `BertForSequenceClassification`): post-LN, token types.
+
+The masked-LM head is BERT's transform (dense, exact GELU, LayerNorm), the output tied to
+the token embedding, and an output bias; the classifier is the [CLS] pooler (dense, tanh)
+and a linear layer.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+from transformer.convert.base import (
+  PLAIN,
+  Converter,
+  Rule,
+  activation,
+  heads_in,
+  heads_out,
+  hf_activation,
+  labels,
+  linear,
+  norm,
+  num_labels,
+  require,
+  same,
+  unsupported,
+)
+from transformer.nn.config import ModelConfig
+
+MLM = "BertForMaskedLM"
+CLASSIFIER = "BertForSequenceClassification"
+PREFIX = "bert."
+
+
+def config_from_hf(architecture: str, hf: Mapping[str, Any]) -> dict[str, Any]:
+  a = architecture
+  require(hf, a, "position_embedding_type", ("absolute",))
+  require(hf, a, "is_decoder", (False,))
+  require(hf, a, "add_cross_attention", (False,))
+  act = activation(hf, a, "hidden_act")
+  fields = {
+    "family": "encoder",
+    "vocab_size": hf["vocab_size"],
+    "d_model": hf["hidden_size"],
+    "num_heads": hf["num_attention_heads"],
+    "num_kv_heads": None,
+    "num_layers": hf["num_hidden_layers"],
+    "d_ff": hf["intermediate_size"],
+    "max_len": hf["max_position_embeddings"],
+    "type_vocab_size": hf.get("type_vocab_size", 2),
+    "position": "learned",
+    "norm": "layernorm",
+    "norm_position": "post",
+    "norm_eps": hf.get("layer_norm_eps", 1e-12),
+    "activation": act,
+    "use_bias": True,
+    "dropout_rate": hf.get("hidden_dropout_prob", 0.1),
+    "attention_dropout_rate": hf.get("attention_probs_dropout_prob", 0.1),
+    **PLAIN,
+  }
+  if a == MLM:
+    if act != "gelu":  # our MLM transform is BERT's exact GELU, whatever the FFN uses
+      unsupported(a, "hidden_act", hf["hidden_act"], ("gelu",))
+    return {**fields, "num_classes": 0, "tie_embeddings": hf.get("tie_word_embeddings", True)}
+  return {**fields, "num_classes": num_labels(hf), "pooling": "cls"}
+
+
+def config_to_hf(architecture: str, c: ModelConfig) -> dict[str, Any]:
+  out = {
+    "model_type": "bert",
+    "vocab_size": c.vocab_size,
+    "hidden_size": c.d_model,
+    "num_attention_heads": c.num_heads,
+    "num_hidden_layers": c.num_layers,
+    "intermediate_size": c.d_ff,
+    "max_position_embeddings": c.max_len,
+    "type_vocab_size": c.type_vocab_size,
+    "layer_norm_eps": c.norm_eps,
+    "hidden_act": hf_activation(c, architecture),
+    "hidden_dropout_prob": c.dropout_rate,
+    "attention_probs_dropout_prob": c.attention_dropout_rate,
+    "position_embedding_type": "absolute",
+    "pad_token_id": 0,
+  }
+  if architecture == MLM:
+    return {**out, "tie_word_embeddings": c.tie_embeddings}
+  return {**out, **labels(c.num_classes)}
+
+
+def backbone(c: ModelConfig) -> list[Rule]:
+  """Embeddings and layers: our 'encoder/...' (+ 'token_embed') <-> 'bert.embeddings/encoder'."""
+  n, h = c.num_heads, c.head_dim
+  e = f"{PREFIX}embeddings"
+  out = [
+    same("token_embed/embedding", f"{e}.word_embeddings.weight"),
+    same("encoder/embedder/positions/embedding", f"{e}.position_embeddings.weight"),
+    same("encoder/token_type_embed/embedding", f"{e}.token_type_embeddings.weight"),
+    *norm("encoder/embed_norm", f"{e}.LayerNorm"),
+  ]
+  for i in range(c.num_layers):
+    ours, hf = f"encoder/layers/layer_{i}", f"{PREFIX}encoder.layer.{i}"
+    for name in ("query", "key", "value"):
+      out += heads_in(f"{ours}/self_attention/{name}", f"{hf}.attention.self.{name}", n, h)
+    out += heads_out(f"{ours}/self_attention/out", f"{hf}.attention.output.dense", n, h)
+    out += norm(f"{ours}/self_attention_norm", f"{hf}.attention.output.LayerNorm")
+    out += linear(f"{ours}/ffn/wi", f"{hf}.intermediate.dense")
+    out += linear(f"{ours}/ffn/wo", f"{hf}.output.dense")
+    out += norm(f"{ours}/ffn_norm", f"{hf}.output.LayerNorm")
+  return out
+
+
+def mlm_rules(c: ModelConfig) -> list[Rule]:
+  out = backbone(c)
+  out += linear("mlm_transform", "cls.predictions.transform.dense")
+  out += norm("mlm_norm", "cls.predictions.transform.LayerNorm")
+  out.append(same("mlm_bias", "cls.predictions.bias"))
+  if not c.tie_embeddings:
+    out += linear("mlm_head", "cls.predictions.decoder", bias=False)
+  return out
+
+
+def classifier_rules(c: ModelConfig) -> list[Rule]:
+  return (
+    backbone(c) + linear("pooler", f"{PREFIX}pooler.dense") + linear("classifier", "classifier")
+  )
+
+
+def _converter(architecture: str, rules) -> Converter:
+  return Converter(
+    architecture,
+    "bert",
+    functools.partial(config_from_hf, architecture),
+    functools.partial(config_to_hf, architecture),
+    rules,
+    PREFIX,
+  )
+
+
+CONVERTERS = {MLM: _converter(MLM, mlm_rules), CLASSIFIER: _converter(CLASSIFIER, classifier_rules)}

@@ -1,0 +1,119 @@
+"""Llama (`LlamaForCausalLM`): RMSNorm pre-LN, SwiGLU, RoPE, grouped-query attention.
+
+Hugging Face's RoPE rotates the pairs (x[i], x[i + H/2]) ("rotate half"), as ours does,
+so q and k projections are copied without permuting columns. SwiGLU: our wi_0 is
+`gate_proj`, wi_1 `up_proj`, wo `down_proj`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from transformer.convert.base import (
+  PLAIN,
+  Converter,
+  Rule,
+  heads_in,
+  heads_out,
+  linear,
+  norm,
+  require,
+  same,
+  unsupported,
+)
+from transformer.nn.config import ModelConfig
+
+ARCHITECTURE = "LlamaForCausalLM"
+PREFIX = "model."
+
+
+def _rope_theta(hf: Mapping[str, Any]) -> float:
+  """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x)."""
+  rope = hf.get("rope_parameters") or {}
+  scaling = hf.get("rope_scaling") or {}
+  kind = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+  if kind != "default":
+    unsupported(ARCHITECTURE, "rope_type", kind, ("default",))
+  return float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+
+
+def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  a = ARCHITECTURE
+  require(hf, a, "hidden_act", ("silu",))
+  bias = (hf.get("attention_bias", False), hf.get("mlp_bias", False))
+  if bias[0] != bias[1]:  # one ModelConfig.use_bias covers attention and feed-forward
+    unsupported(a, "(attention_bias, mlp_bias)", bias, ((False, False), (True, True)))
+  d, n = hf["hidden_size"], hf["num_attention_heads"]
+  k = hf.get("num_key_value_heads") or n
+  head_dim = hf.get("head_dim") or d // n
+  return {
+    "family": "decoder",
+    "vocab_size": hf["vocab_size"],
+    "d_model": d,
+    "num_heads": n,
+    "num_layers": hf["num_hidden_layers"],
+    "d_ff": hf["intermediate_size"],
+    "max_len": hf["max_position_embeddings"],
+    "position": "rope",
+    "rope_theta": _rope_theta(hf),
+    "norm": "rmsnorm",
+    "norm_position": "pre",
+    "norm_eps": hf.get("rms_norm_eps", 1e-6),
+    "activation": "swiglu",
+    "use_bias": bool(bias[0]),
+    "tie_embeddings": hf.get("tie_word_embeddings", False),
+    "type_vocab_size": 0,
+    "dropout_rate": 0.0,
+    "attention_dropout_rate": hf.get("attention_dropout", 0.0),
+    **PLAIN,
+    "num_kv_heads": None if k == n else k,
+    "attention_head_dim": None if head_dim * n == d else head_dim,
+  }
+
+
+def config_to_hf(c: ModelConfig) -> dict[str, Any]:
+  return {
+    "model_type": "llama",
+    "vocab_size": c.vocab_size,
+    "hidden_size": c.d_model,
+    "num_attention_heads": c.num_heads,
+    "num_key_value_heads": c.kv_heads,
+    "head_dim": c.head_dim,
+    "num_hidden_layers": c.num_layers,
+    "intermediate_size": c.d_ff,
+    "max_position_embeddings": c.max_len,
+    "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+    "rms_norm_eps": c.norm_eps,
+    "hidden_act": "silu",
+    "attention_bias": c.use_bias,
+    "mlp_bias": c.use_bias,
+    "tie_word_embeddings": c.tie_embeddings,
+    "attention_dropout": c.attention_dropout_rate,
+  }
+
+
+def rules(c: ModelConfig) -> list[Rule]:
+  n, k, h, bias = c.num_heads, c.kv_heads, c.head_dim, c.use_bias
+  out = [same("token_embed/embedding", f"{PREFIX}embed_tokens.weight")]
+  for i in range(c.num_layers):
+    ours, hf = f"decoder/layer_{i}", f"{PREFIX}layers.{i}"
+    attn, a = f"{ours}/self_attention", f"{hf}.self_attn"
+    out += heads_in(f"{attn}/query", f"{a}.q_proj", n, h, bias)
+    out += heads_in(f"{attn}/key", f"{a}.k_proj", k, h, bias)
+    out += heads_in(f"{attn}/value", f"{a}.v_proj", k, h, bias)
+    out += heads_out(f"{attn}/out", f"{a}.o_proj", n, h, bias)
+    out += norm(f"{ours}/self_attention_norm", f"{hf}.input_layernorm", bias=False)
+    out += norm(f"{ours}/ffn_norm", f"{hf}.post_attention_layernorm", bias=False)
+    out += linear(f"{ours}/ffn/wi_0", f"{hf}.mlp.gate_proj", bias)
+    out += linear(f"{ours}/ffn/wi_1", f"{hf}.mlp.up_proj", bias)
+    out += linear(f"{ours}/ffn/wo", f"{hf}.mlp.down_proj", bias)
+  out += norm("decoder/final_norm", f"{PREFIX}norm", bias=False)
+  if not c.tie_embeddings:
+    out += linear("lm_head", "lm_head", bias=False)
+  return out
+
+
+CONVERTERS = {
+  ARCHITECTURE: Converter(ARCHITECTURE, "llama", config_from_hf, config_to_hf, rules, PREFIX),
+}

@@ -1,0 +1,24 @@
+"""Hugging Face `architectures` names -> converters, from each family module's `CONVERTERS`.
+
+A new architecture is a module with a `CONVERTERS` dict and one entry in `MODULES`.
+"""
+
+from __future__ import annotations
+
+from transformer.convert import bert, gpt2, llama, t5, vit
+from transformer.convert.base import Converter
+
+MODULES = (gpt2, bert, vit, llama, t5)
+
+ARCHITECTURES: dict[str, Converter] = {
+  name: converter for module in MODULES for name, converter in module.CONVERTERS.items()
+}
+
+
+def get(architecture: str, where: str = "architecture") -> Converter:
+  """The converter of `architecture`, or the one-line `ValueError` listing what is supported."""
+  if architecture not in ARCHITECTURES:
+    raise ValueError(
+      f"{where}={architecture!r} is not supported (supported: {', '.join(ARCHITECTURES)})"
+    )
+  return ARCHITECTURES[architecture]
