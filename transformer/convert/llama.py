@@ -32,9 +32,9 @@ def _rope_theta(hf: Mapping[str, Any]) -> float:
   """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x)."""
   rope = hf.get("rope_parameters") or {}
   scaling = hf.get("rope_scaling") or {}
-  kind = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-  if kind != "default":
-    unsupported(ARCHITECTURE, "rope_type", kind, ("default",))
+  rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
+  if rope_type != "default":
+    unsupported(ARCHITECTURE, "rope_type", rope_type, ("default",))
   return float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
 
 

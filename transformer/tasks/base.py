@@ -14,6 +14,7 @@ Letters: B batch, T length, S source length, V vocabulary, C classes.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar
@@ -86,9 +87,10 @@ class Run:
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class Task(abc.ABC):
   """A training objective. Subclasses are frozen dataclasses (hashable: the step is
-  compiled with the task as a static argument) and override what differs."""
+  compiled with the task as a static argument); they define `data_spec`, `forward` and
+  `init_args`, and override the rest where the task differs."""
 
   name: ClassVar[str] = ""
   families: ClassVar[tuple[str, ...]] = ()  # model families that can run this task
@@ -116,22 +118,23 @@ class Task:
       rule = "must be 'none' for image tasks" if self.images else "the task reads text: not 'none'"
       fail("data.tokenizer", data.tokenizer, rule)
 
+  @abc.abstractmethod
   def data_spec(self) -> DataSpec:
-    raise NotImplementedError  # every task defines its batches
+    """The task's batches: keys, shapes and the pipeline that builds them."""
 
   # The step ------------------------------------------------------------------------------
 
+  @abc.abstractmethod
   def forward(
     self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(logits [B, T, V] or [B, C], targets [B, T] or [B], weights of the same shape)."""
-    raise NotImplementedError  # every task defines its forward pass
 
+  @abc.abstractmethod
   def init_args(self, batch: Batch) -> tuple[tuple, dict]:
     """Positional and keyword arguments of `model.init` for a batch of this task."""
-    raise NotImplementedError  # every task defines its model inputs
 
-  def check_batch(self, batch: Mapping[str, np.ndarray]) -> None:
+  def check_batch(self, batch: Mapping[str, np.ndarray]) -> None:  # noqa: B027 (a hook)
     """Host-side check of a batch before it is placed on the devices (default: none)."""
 
   def count(self, batch: Mapping[str, np.ndarray]) -> float:
