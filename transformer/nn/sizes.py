@@ -17,112 +17,54 @@ def gated_hidden_size(d_model: int, multiple_of: int = 256) -> int:
   return multiple_of * math.ceil(hidden / multiple_of)
 
 
-# Named sizes. Each entry overrides ModelConfig defaults; the source is cited.
+def _shape(d_model: int, num_heads: int, num_layers: int, d_ff: int) -> dict[str, int]:
+  return dict(d_model=d_model, num_heads=num_heads, num_layers=num_layers, d_ff=d_ff)
+
+
+# Vaswani et al. 2017, Table 3 (shared 37000 BPE vocabulary, post-LN, ReLU, sinusoidal).
+_TRANSFORMER = dict(
+  family="seq2seq",
+  vocab_size=37000,
+  max_len=256,
+  position="sinusoidal",
+  norm_position="post",
+  activation="relu",
+  scale_embeddings=True,
+  tie_embeddings=True,
+)
+# Devlin et al. 2019, Section 3 (WordPiece 30522 vocabulary, 512 positions, 2 segments).
+_BERT = dict(
+  family="encoder",
+  vocab_size=30522,
+  max_len=512,
+  position="learned",
+  norm_position="post",
+  activation="gelu",
+  type_vocab_size=2,
+  norm_eps=1e-12,
+  dropout_rate=0.1,
+  attention_dropout_rate=0.1,
+)
+# Radford et al. 2019, Table 2 (vocabulary 50257, context 1024, tied embeddings).
+_GPT2 = dict(
+  family="decoder",
+  vocab_size=50257,
+  max_len=1024,
+  position="learned",
+  activation="gelu",
+  dropout_rate=0.1,
+  attention_dropout_rate=0.1,
+)
+
+# Named sizes. Each entry overrides ModelConfig defaults; the source is cited above.
 NAMED_SIZES: dict[str, dict[str, Any]] = {
-  # Vaswani et al. 2017, Table 3 (shared 37000 BPE vocabulary, post-LN, ReLU, sinusoidal).
-  "transformer_base": dict(
-    family="seq2seq",
-    vocab_size=37000,
-    d_model=512,
-    num_heads=8,
-    num_layers=6,
-    d_ff=2048,
-    max_len=256,
-    position="sinusoidal",
-    norm_position="post",
-    activation="relu",
-    dropout_rate=0.1,
-    scale_embeddings=True,
-    tie_embeddings=True,
-  ),
-  "transformer_big": dict(
-    family="seq2seq",
-    vocab_size=37000,
-    d_model=1024,
-    num_heads=16,
-    num_layers=6,
-    d_ff=4096,
-    max_len=256,
-    position="sinusoidal",
-    norm_position="post",
-    activation="relu",
-    dropout_rate=0.3,
-    scale_embeddings=True,
-    tie_embeddings=True,
-  ),
-  # Devlin et al. 2019, Section 3 (WordPiece 30522 vocabulary, 512 positions, 2 segments).
-  "bert_base": dict(
-    family="encoder",
-    vocab_size=30522,
-    d_model=768,
-    num_heads=12,
-    num_layers=12,
-    d_ff=3072,
-    max_len=512,
-    position="learned",
-    norm_position="post",
-    activation="gelu",
-    type_vocab_size=2,
-    norm_eps=1e-12,
-    dropout_rate=0.1,
-    attention_dropout_rate=0.1,
-  ),
-  "bert_large": dict(
-    family="encoder",
-    vocab_size=30522,
-    d_model=1024,
-    num_heads=16,
-    num_layers=24,
-    d_ff=4096,
-    max_len=512,
-    position="learned",
-    norm_position="post",
-    activation="gelu",
-    type_vocab_size=2,
-    norm_eps=1e-12,
-    dropout_rate=0.1,
-    attention_dropout_rate=0.1,
-  ),
-  # Radford et al. 2019, Table 2 (vocabulary 50257, context 1024, tied embeddings).
-  "gpt2_small": dict(
-    family="decoder",
-    vocab_size=50257,
-    d_model=768,
-    num_heads=12,
-    num_layers=12,
-    d_ff=3072,
-    max_len=1024,
-    position="learned",
-    activation="gelu",
-    dropout_rate=0.1,
-    attention_dropout_rate=0.1,
-  ),
-  "gpt2_medium": dict(
-    family="decoder",
-    vocab_size=50257,
-    d_model=1024,
-    num_heads=16,
-    num_layers=24,
-    d_ff=4096,
-    max_len=1024,
-    position="learned",
-    activation="gelu",
-    dropout_rate=0.1,
-    attention_dropout_rate=0.1,
-  ),
-  "gpt2_large": dict(
-    family="decoder",
-    vocab_size=50257,
-    d_model=1280,
-    num_heads=20,
-    num_layers=36,
-    d_ff=5120,
-    max_len=1024,
-    position="learned",
-    activation="gelu",
-    dropout_rate=0.1,
-    attention_dropout_rate=0.1,
-  ),
+  "transformer_base": {**_TRANSFORMER, **_shape(512, 8, 6, 2048), "dropout_rate": 0.1},
+  "transformer_big": {**_TRANSFORMER, **_shape(1024, 16, 6, 4096), "dropout_rate": 0.3},
+  "bert_base": {**_BERT, **_shape(768, 12, 12, 3072)},
+  "bert_large": {**_BERT, **_shape(1024, 16, 24, 4096)},
+  "gpt2_small": {**_GPT2, **_shape(768, 12, 12, 3072)},
+  "gpt2_medium": {**_GPT2, **_shape(1024, 16, 24, 4096)},
+  "gpt2_large": {**_GPT2, **_shape(1280, 20, 36, 5120)},
   # Dosovitskiy et al. 2021, Table 1 (B, L); Touvron et al. 2021, Table 1 (Ti, S).
   # ImageNet at 224 px, 1000 classes, [CLS] pooling, learned positions.
   **{
