@@ -105,6 +105,7 @@ def _random_config(seed: int) -> ModelConfig:
     relative_max_distance=int(rng.integers(40, 200)),
     shaw_max_distance=int(rng.integers(1, 20)),
     scan_layers=bool(rng.integers(2)),
+    qkv_bias=pick([None, True, False]),
   )
   if family == "vit":
     patch = int(pick([2, 4]))

@@ -158,6 +158,7 @@ def heads_out(ours: str, hf: str, heads: int, head_dim: int, bias: bool = True) 
 # Fields every architecture here has at these values (options our ModelConfig adds).
 PLAIN = {
   "sliding_window": None,
+  "qkv_bias": None,
   "scale_embeddings": False,
   "attention_scale": None,
   "scale_logits": False,

@@ -187,6 +187,7 @@ def convert_from_hf(
 def _normalised(config: ModelConfig) -> ModelConfig:
   """`config` with defaults spelled out the way the converters write them (K = N -> None)."""
   return config.replace(
+    qkv_bias=None if config.qkv_biases == config.use_bias else config.qkv_bias,
     num_kv_heads=None if config.kv_heads == config.num_heads else config.num_kv_heads,
     attention_head_dim=(
       None if config.head_dim * config.num_heads == config.d_model else config.head_dim

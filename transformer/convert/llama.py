@@ -3,6 +3,12 @@
 Hugging Face's RoPE rotates the pairs (x[i], x[i + H/2]) ("rotate half"), as ours does,
 so q and k projections are copied without permuting columns. SwiGLU: our wi_0 is
 `gate_proj`, wi_1 `up_proj`, wo `down_proj`.
+
+Two variants share the tensor layout: Mistral (`MistralForCausalLM`) adds a sliding
+window on every layer (HF: key s visible from query t when t - s < window, ours:
+`ModelConfig.sliding_window`, the same rule), and Qwen2 (`Qwen2ForCausalLM`) has biases on
+q/k/v only (`ModelConfig.qkv_bias=True`, `use_bias=False`) and a window on every layer or
+none (per-layer windows, `max_window_layers` inside the stack, are refused).
 """
 
 from __future__ import annotations
@@ -25,25 +31,32 @@ from transformer.convert.base import (
 from transformer.nn.config import ModelConfig
 
 ARCHITECTURE = "LlamaForCausalLM"
+MISTRAL = "MistralForCausalLM"
+QWEN2 = "Qwen2ForCausalLM"
 PREFIX = "model."
 
 
-def _rope_theta(hf: Mapping[str, Any]) -> float:
+def _rope_theta(hf: Mapping[str, Any], a: str = ARCHITECTURE) -> float:
   """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x)."""
   rope = hf.get("rope_parameters") or {}
   scaling = hf.get("rope_scaling") or {}
   rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
   if rope_type != "default":
-    unsupported(ARCHITECTURE, "rope_type", rope_type, ("default",))
+    unsupported(a, "rope_type", rope_type, ("default",))
   return float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   a = ARCHITECTURE
-  require(hf, a, "hidden_act", ("silu",))
   bias = (hf.get("attention_bias", False), hf.get("mlp_bias", False))
   if bias[0] != bias[1]:  # one ModelConfig.use_bias covers attention and feed-forward
     unsupported(a, "(attention_bias, mlp_bias)", bias, ((False, False), (True, True)))
+  return _common(hf, a, bool(bias[0]))
+
+
+def _common(hf: Mapping[str, Any], a: str, bias: bool) -> dict[str, Any]:
+  """The fields every Llama-family config shares; `bias` = biases on every projection."""
+  require(hf, a, "hidden_act", ("silu",))
   d, n = hf["hidden_size"], hf["num_attention_heads"]
   k = hf.get("num_key_value_heads") or n
   head_dim = hf.get("head_dim") or d // n
@@ -56,12 +69,12 @@ def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     "d_ff": hf["intermediate_size"],
     "max_len": hf["max_position_embeddings"],
     "position": "rope",
-    "rope_theta": _rope_theta(hf),
+    "rope_theta": _rope_theta(hf, a),
     "norm": "rmsnorm",
     "norm_position": "pre",
     "norm_eps": hf.get("rms_norm_eps", 1e-6),
     "activation": "swiglu",
-    "use_bias": bool(bias[0]),
+    "use_bias": bias,
     "tie_embeddings": hf.get("tie_word_embeddings", False),
     "type_vocab_size": 0,
     "dropout_rate": 0.0,
@@ -70,6 +83,44 @@ def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     "num_kv_heads": None if k == n else k,
     "attention_head_dim": None if head_dim * n == d else head_dim,
   }
+
+
+def mistral_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  return {**_common(hf, MISTRAL, False), "sliding_window": hf.get("sliding_window")}
+
+
+def qwen2_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
+  layers = hf["num_hidden_layers"]
+  kinds = hf.get("layer_types") or ["full_attention"] * layers
+  if window is None:  # HF ignores layer_types without a window: every layer is full
+    kinds = ["full_attention"] * layers
+  if len(set(kinds)) > 1:
+    unsupported(
+      QWEN2,
+      "layer_types",
+      "a mix of sliding_attention and full_attention",
+      ("every layer full_attention", "every layer sliding_attention"),
+    )
+  fields = {**_common(hf, QWEN2, False), "qkv_bias": True}
+  fields["sliding_window"] = window if kinds[0] == "sliding_attention" else None
+  return fields
+
+
+def mistral_to_hf(c: ModelConfig) -> dict[str, Any]:
+  out = {**config_to_hf(c), "model_type": "mistral", "sliding_window": c.sliding_window}
+  for key in ("attention_bias", "mlp_bias"):
+    del out[key]
+  return out
+
+
+def qwen2_to_hf(c: ModelConfig) -> dict[str, Any]:
+  out = mistral_to_hf(c)
+  window = c.sliding_window is not None
+  out.update(model_type="qwen2", use_sliding_window=window, sliding_window=c.sliding_window)
+  out.update(max_window_layers=0 if window else c.num_layers)
+  out["layer_types"] = ["sliding_attention" if window else "full_attention"] * c.num_layers
+  return out
 
 
 def config_to_hf(c: ModelConfig) -> dict[str, Any]:
@@ -94,14 +145,14 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
 
 
 def rules(c: ModelConfig) -> list[Rule]:
-  n, k, h, bias = c.num_heads, c.kv_heads, c.head_dim, c.use_bias
+  n, k, h, bias, qkv = c.num_heads, c.kv_heads, c.head_dim, c.use_bias, c.qkv_biases
   out = [same("token_embed/embedding", f"{PREFIX}embed_tokens.weight")]
   for i in range(c.num_layers):
     ours, hf = f"decoder/layer_{i}", f"{PREFIX}layers.{i}"
     attn, a = f"{ours}/self_attention", f"{hf}.self_attn"
-    out += heads_in(f"{attn}/query", f"{a}.q_proj", n, h, bias)
-    out += heads_in(f"{attn}/key", f"{a}.k_proj", k, h, bias)
-    out += heads_in(f"{attn}/value", f"{a}.v_proj", k, h, bias)
+    out += heads_in(f"{attn}/query", f"{a}.q_proj", n, h, qkv)
+    out += heads_in(f"{attn}/key", f"{a}.k_proj", k, h, qkv)
+    out += heads_in(f"{attn}/value", f"{a}.v_proj", k, h, qkv)
     out += heads_out(f"{attn}/out", f"{a}.o_proj", n, h, bias)
     out += norm(f"{ours}/self_attention_norm", f"{hf}.input_layernorm", bias=False)
     out += norm(f"{ours}/ffn_norm", f"{hf}.post_attention_layernorm", bias=False)
@@ -116,4 +167,6 @@ def rules(c: ModelConfig) -> list[Rule]:
 
 CONVERTERS = {
   ARCHITECTURE: Converter(ARCHITECTURE, "llama", config_from_hf, config_to_hf, rules, PREFIX),
+  MISTRAL: Converter(MISTRAL, "mistral", mistral_from_hf, mistral_to_hf, rules, PREFIX),
+  QWEN2: Converter(QWEN2, "qwen2", qwen2_from_hf, qwen2_to_hf, rules, PREFIX),
 }

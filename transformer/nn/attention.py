@@ -58,7 +58,7 @@ class MultiHeadAttention(nn.Module):
     def proj(heads, name):
       return nn.DenseGeneral(
         (heads, h),
-        use_bias=c.use_bias,
+        use_bias=c.qkv_biases,
         dtype=dtype,
         kernel_init=nn.initializers.xavier_uniform(),
         dot_general=dot_general,

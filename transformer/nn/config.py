@@ -52,6 +52,7 @@ class ModelConfig:
   norm_eps: float = 1e-5  # epsilon inside the norm
   activation: str = "gelu"  # relu | gelu | gelu_tanh (GPT-2) | swiglu | geglu | geglu_tanh (T5)
   use_bias: bool = True  # biases in attention and feed-forward projections
+  qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2: True); None = use_bias
   dropout_rate: float = 0.0  # dropout on embeddings and residual branches
   attention_dropout_rate: float = 0.0  # dropout on attention weights
   tie_embeddings: bool = True  # logits through the input embedding (`Embed.attend`)
@@ -96,6 +97,11 @@ class ModelConfig:
   @property
   def num_patches(self) -> int:
     return (self.image_size // self.patch_size) ** 2
+
+  @property
+  def qkv_biases(self) -> bool:
+    """Whether the query, key and value projections have biases."""
+    return self.use_bias if self.qkv_bias is None else self.qkv_bias
 
   @property
   def gated(self) -> bool:
@@ -143,6 +149,8 @@ def _validate(c: ModelConfig) -> None:
     value = getattr(c, field)
     if not 0.0 <= value < 1.0:
       fail(field, value, "must be in [0, 1)")
+  if c.qkv_bias is not None and not isinstance(c.qkv_bias, bool):
+    fail("qkv_bias", c.qkv_bias, "must be True, False or None (= use_bias)")
   if c.norm_eps <= 0:
     fail("norm_eps", c.norm_eps, "must be > 0")
   if c.attention_head_dim is None and c.d_model % c.num_heads:

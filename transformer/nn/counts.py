@@ -20,7 +20,7 @@ def attention_params(c: ModelConfig, is_cross: bool = False) -> int:
   """Projections (+ biases) of one attention layer, + its position parameters (self only)."""
   q_out, kv_out = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
   weights = c.d_model * q_out + 2 * c.d_model * kv_out + q_out * c.d_model
-  biases = (q_out + 2 * kv_out + c.d_model) if c.use_bias else 0
+  biases = (q_out + 2 * kv_out if c.qkv_biases else 0) + (c.d_model if c.use_bias else 0)
   # Position parameters exist in self-attention only (cross-attention has no positions).
   return weights + biases + (0 if is_cross else position_for(c).attention_params())
 
