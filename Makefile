@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: pyproject.toml requirements-lock.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -c requirements-lock.txt -e '.[test]'
+	$(PY) -m pip install -q -c requirements-lock.txt -e '.[test,sweep]'
 	touch $@
 
 train: $(VENV)/.installed

@@ -1,25 +1,38 @@
-"""Greedy decoding speed of the reference GPT with the KV cache and without it.
+"""Decoding speed: the reference GPT (greedy) and a seq2seq model of its size (beam 4).
 
-  python benchmarks/decode.py                        # V=4096, D=256, 4 layers, 256 new tokens
-  python benchmarks/decode.py --batch-sizes 1 --new-tokens 64 --no-cache-steps 16
+  python benchmarks/decode.py                       # defaults below, ~2 min
+  python benchmarks/decode.py --batch-sizes 1 --new-tokens 64 --no-cache-steps 16 --rounds 3
 
-"cache": `transformer.decode.lm_decode`, a jitted while loop that prefills the prompt
-and then feeds one token per step to the cached model. "no cache": a jitted while loop
-that runs the full forward pass over a fixed [B, prompt + new] buffer every step
-(positions beyond the current token are PAD, invisible to the causal mask) and takes the
-argmax at the current position, so it compiles once; its step cost does not depend on
-the step, so `--no-cache-steps` may time fewer steps than --new-tokens over the same
-buffer. Random weights, no EOS: every row generates all tokens. Times are the minimum
-over --repeats calls after a warm-up (compilation) call.
+GPT (V=4096, D=256, 4 layers, max_len 512; 16-token prompts, 256 new tokens):
+- "KV cache": `transformer.decode.lm_decode`, a jitted program that prefills the prompt
+  and runs the steps in while loops over a cache that doubles as it fills
+  (`decode.cache_lengths`). "no cache": a jitted loop running the full forward pass over
+  a fixed [B, prompt + new] buffer every step (positions beyond the current token are
+  PAD, invisible to the causal mask) and taking the argmax at the current position; its
+  step cost does not depend on the step, so `--no-cache-steps` may time fewer steps.
+- Per-token times: the same prefill and cached step, jitted, called from Python once per
+  token (cache donated; grown between steps where the loop grows it, the growth counted
+  in the token that needs it), so each token is timed on its own; they include the
+  per-call dispatch that the while loop avoids. Token 1 comes from the prefill, so the
+  first window averages the steps of tokens 2-32.
 
-Per-token times: one jitted cached step (apply + argmax, cache donated) called from
-Python for each new token, so each token can be timed on its own; they include the
-per-call dispatch overhead that the while loop avoids. Prints Markdown tables.
+Seq2seq (encoder-decoder of the GPT's size, 4 + 4 layers; sources [B, S], beam 4):
+- "cross K/V cached": `decode.seq2seq_beam_search`: each decoder layer projects the
+  encoder output into cross-attention keys and values once per source, in the prefill,
+  and the beams of a source share them.
+- "cross K/V re-projected": the same beam search as decoding worked before that cache:
+  the encoder output repeated per beam and reordered with the beams, and every step
+  projecting it again in every layer. Both must give the same beams (checked).
+
+Random weights, no EOS: every row generates all tokens. Calls alternate between the
+variants (one call each per round, after a warm-up call that compiles); the tables give
+the first call (compilation included) and the median of --rounds calls. Prints Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -27,9 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer import decode
-from transformer.data.tokenizers import NUM_SPECIAL
+from transformer.data.tokenizers import NUM_SPECIAL, PAD_ID
+from transformer.decode.cache import Start
+from transformer.nn import cache_attention
 from transformer.nn.config import ModelConfig
-from transformer.nn.models import DecoderLM
+from transformer.nn.models import DecoderLM, EncoderDecoder
+
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 
 
 def parse_args() -> argparse.Namespace:
@@ -43,26 +60,47 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--prompt-len", type=int, default=16)
   p.add_argument("--new-tokens", type=int, default=256)
   p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
-  p.add_argument("--no-cache-steps", type=int, default=None, help="default: --new-tokens")
-  p.add_argument("--repeats", type=int, default=3)
+  p.add_argument("--no-cache-steps", type=int, default=16, help="steps the no-cache loop times")
+  p.add_argument("--initial-cache", type=int, default=decode.cache.INITIAL_CACHE_LEN)
+  p.add_argument("--rounds", type=int, default=5, help="timed calls per variant (median)")
   p.add_argument(
     "--windows", default="1-32,97-128,225-256", help="token ranges (1-based) to average"
   )
+  p.add_argument("--s2s-batch", type=int, default=8, help="seq2seq sources (0: skip)")
+  p.add_argument("--source-len", type=int, default=64)
+  p.add_argument("--target-len", type=int, default=64)
+  p.add_argument("--beam", type=int, default=4)
   p.add_argument("--dtype", default="float32")
   return p.parse_args()
 
 
-def timed(fn, repeats: int) -> tuple[float, float]:
-  """(first call seconds incl. compilation, best of `repeats` later calls)."""
-  start = time.perf_counter()
-  jax.block_until_ready(fn())
-  first = time.perf_counter() - start
-  best = float("inf")
-  for _ in range(repeats):
+def cpu_isa() -> str:
+  """The CPU model and its vector extensions, from /proc/cpuinfo ('unknown' elsewhere)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return "unknown CPU"
+  model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
+  flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+  simd = [f for f in SIMD_FLAGS if f in flags]
+  return f"{model or 'unknown CPU'}; ISA: {' '.join(simd) or 'no SIMD flags listed'}"
+
+
+def alternate(fns: dict, rounds: int) -> dict:
+  """name -> (first call s incl. compilation, median s of `rounds` calls), the calls of
+  all variants alternating, one each per round."""
+  first, times = {}, {name: [] for name in fns}
+  for name, fn in fns.items():
     start = time.perf_counter()
     jax.block_until_ready(fn())
-    best = min(best, time.perf_counter() - start)
-  return first, best
+    first[name] = time.perf_counter() - start
+  for _ in range(rounds):
+    for name, fn in fns.items():
+      start = time.perf_counter()
+      jax.block_until_ready(fn())
+      times[name].append(time.perf_counter() - start)
+  return {name: (first[name], float(np.median(times[name]))) for name in fns}
 
 
 def no_cache_decode(model: DecoderLM, steps: int):
@@ -81,39 +119,183 @@ def no_cache_decode(model: DecoderLM, steps: int):
   return run
 
 
-def per_token_times(model: DecoderLM, params, prompts: np.ndarray, new_tokens: int) -> np.ndarray:
-  """Seconds of each of the `new_tokens` cached steps, timed one by one."""
+def per_token_runner(model: DecoderLM, params, prompts: np.ndarray, new_tokens: int, initial):
+  """A function timing each cached step of a greedy decode; returns (seconds [L - 1] of
+  the steps giving tokens 2..L, cache length after each of them)."""
   b, p = prompts.shape
+  sizes = decode.cache_lengths(p, new_tokens, initial)
 
   @jax.jit
-  def prefill(params, cache, prompts):
-    _, variables = model.apply(
-      {"params": params, "cache": cache}, prompts[:, :-1], decode=True, mutable=["cache"]
-    )
-    return variables["cache"]
+  def prefill(params, prompts):
+    variables = {"params": params, "cache": decode.init_cache(model, b, sizes[0])}
+    logits, variables = model.apply(
+      variables, prompts, decode=True, last_logits=True, mutable=["cache"]
+    )  # [B, 1, V]
+    return decode.argmax(logits[:, 0]), variables["cache"]
 
   def step(params, cache, tokens, positions):
     logits, variables = model.apply(
       {"params": params, "cache": cache}, tokens, positions, decode=True, mutable=["cache"]
     )  # [B, 1, V]
-    return jnp.argmax(logits, -1).astype(jnp.int32), variables["cache"]
+    return decode.argmax(logits[:, 0])[:, None], variables["cache"]
 
   step = jax.jit(step, donate_argnums=1)
-  cache = prefill(params, decode.init_cache(model, b), jnp.asarray(prompts))
-  tokens = jnp.asarray(prompts[:, -1:])
-  jax.block_until_ready(step(params, jax.tree.map(jnp.copy, cache), tokens, tokens))  # compile
-  times = []
-  for i in range(new_tokens):
-    positions = jnp.full((b, 1), p - 1 + i, jnp.int32)
-    start = time.perf_counter()
-    tokens, cache = step(params, cache, tokens, positions)
+  grow = jax.jit(decode.cache.resize, static_argnums=1)
+
+  def run():
+    tokens, cache = prefill(params, jnp.asarray(prompts))
+    tokens = tokens[:, None]  # [B, 1]
     jax.block_until_ready(tokens)
-    times.append(time.perf_counter() - start)
-  return np.asarray(times)
+    times, lengths, size = [], [], 0
+    for i in range(1, new_tokens):
+      positions = jnp.full((b, 1), p + i - 1, jnp.int32)
+      start = time.perf_counter()
+      if p + i - 1 >= sizes[size]:  # the slot of token i - 1 is past the cache: grow it
+        size += 1
+        cache = grow(cache, sizes[size])
+      tokens, cache = step(params, cache, tokens, positions)
+      jax.block_until_ready(tokens)
+      times.append(time.perf_counter() - start)
+      lengths.append(sizes[size])
+    return np.asarray(times), np.asarray(lengths)
+
+  return run
+
+
+def reprojecting_start(model: EncoderDecoder, params, inputs: jax.Array, cache_length: int):
+  """The seq2seq Start of decoding before the cross-attention cache: the encoder output
+  and source segments travel with the cache (repeated per beam, reordered with the
+  beams) and every step passes them to the decoder, which projects them again."""
+  b, s = inputs.shape
+  segments = (inputs != PAD_ID).astype(jnp.int32)  # [B, S]
+  encoded = model.apply({"params": params}, inputs, segments, method="encode")  # [B, S, D]
+
+  def step(state, tokens, positions):
+    logits, variables = model.apply(
+      {"params": params, "cache": state["cache"]},
+      state["encoded"],
+      state["segments"],
+      tokens[:, None],
+      None,
+      positions[:, None],
+      decode=True,
+      method="decode",
+      mutable=["cache"],
+    )  # [B, 1, V]
+    return logits[:, 0], dict(state, cache=variables["cache"])
+
+  cache = decode.init_cache(model, b, cache_length, s)
+  state = {"cache": cache, "encoded": encoded, "segments": segments}
+  logits, state = step(state, jnp.full((b,), PAD_ID, jnp.int32), jnp.zeros((b,), jnp.int32))
+  shared = decode.cache.seq2seq_start(model, params, inputs, cache_length).axes
+  batch_axis = lambda path, ax: 0 if cache_attention.is_source_leaf(path) else ax
+  axes = jax.tree_util.tree_map_with_path(batch_axis, shared, is_leaf=lambda x: x is None)
+  axes = {"cache": axes, "encoded": 0, "segments": 0}  # everything per beam
+  return Start(step, state, axes, logits, jnp.ones((b,), jnp.int32), 1)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "length", "beam"))
+def reprojecting_beam_search(model, params, inputs, *, length: int, beam: int):
+  sizes = decode.cache_lengths(1, length)
+  start = reprojecting_start(model, params, inputs, sizes[0])
+  return decode.beam.beam_loop(start, length, beam, 0.6, -1, sizes)
+
+
+def gpt(a, config: ModelConfig):
+  model = DecoderLM(config)
+  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
+  n_params = sum(x.size for x in jax.tree.leaves(params))
+  steps = a.no_cache_steps or a.new_tokens
+  rng = np.random.default_rng(0)
+  fns, per_token = {}, {}
+  for b in a.batch_sizes:
+    prompts = rng.integers(NUM_SPECIAL, a.vocab, (b, a.prompt_len)).astype(np.int32)
+    lengths = np.full(b, a.prompt_len, np.int32)
+    run = functools.partial(
+      decode.lm_decode, model, params, prompts, lengths, length=a.new_tokens,
+      initial_cache_len=a.initial_cache,
+    )  # fmt: skip
+    fns[("KV cache", b)] = lambda run=run: run().tokens
+    buffer = np.zeros((b, a.prompt_len + a.new_tokens), np.int32)
+    buffer[:, : a.prompt_len] = prompts
+    full = no_cache_decode(model, steps)
+    fns[("no cache (full prefix)", b)] = lambda f=full, x=buffer: f(params, x, a.prompt_len)
+    per_token[b] = per_token_runner(model, params, prompts, a.new_tokens, a.initial_cache)
+  results = alternate(fns, a.rounds)
+  per_token[a.batch_sizes[0]]()  # compile every cache length of the steps
+  for b in a.batch_sizes[1:]:
+    per_token[b]()
+  times = {b: [] for b in a.batch_sizes}
+  for _ in range(a.rounds):
+    for b in a.batch_sizes:
+      step_times, cache_lengths = per_token[b]()
+      times[b].append(step_times)
+  windows = [tuple(int(x) for x in w.split("-")) for w in a.windows.split(",")]
+
+  print(
+    f"\nGPT V={a.vocab} D={a.d_model} L={a.layers} N={a.heads} F={a.d_ff} "
+    f"max_len={a.max_len} ({n_params / 1e6:.2f}M params, {a.dtype}), prompt {a.prompt_len} "
+    f"tokens, greedy, {jax.devices()[0].platform} x{jax.local_device_count()}; "
+    f"cache lengths {decode.cache_lengths(a.prompt_len, a.new_tokens, a.initial_cache)}\n"
+  )
+  print("| decoding | batch | new tokens timed | first call s (compile) | median s | tokens/s |")
+  print("| --- | ---: | ---: | ---: | ---: | ---: |")
+  tps = {}
+  for (name, b), (first, median) in results.items():
+    n = a.new_tokens if name == "KV cache" else steps
+    tps[name, b] = b * n / median
+    print(f"| {name} | {b} | {n} | {first:.2f} | {median:.3f} | {tps[name, b]:,.0f} |")
+  lo, hi = min(a.batch_sizes), max(a.batch_sizes)
+  if lo != hi:
+    ratio = tps["KV cache", hi] / tps["KV cache", lo]
+    print(f"\nKV cache: batch {hi} throughput / batch {lo} = {ratio:.2f}")
+  print("\nPer-token time with the KV cache (ms, median over rounds; cache length in brackets):\n")
+  print("| batch | " + " | ".join(f"tokens {lo}-{hi}" for lo, hi in windows) + " |")
+  print("| ---: | " + " | ".join("---:" for _ in windows) + " |")
+  for b in a.batch_sizes:
+    ms = 1e3 * np.median(np.stack(times[b]), axis=0)  # [L - 1] steps of tokens 2..L
+    cells = []
+    for lo, hi in windows:
+      sl = slice(max(lo, 2) - 2, hi - 1)
+      sizes = sorted(set(cache_lengths[sl].tolist()))
+      cells.append(f"{ms[sl].mean():.2f} ({'/'.join(map(str, sizes))})")
+    print(f"| {b} | " + " | ".join(cells) + " |")
+
+
+def seq2seq(a, config: ModelConfig):
+  model = EncoderDecoder(config.replace(family="seq2seq"))
+  tokens = jnp.ones((1, 8), jnp.int32)
+  params = jax.jit(model.init)(jax.random.key(1), tokens, tokens)["params"]
+  rng = np.random.default_rng(1)
+  inputs = rng.integers(NUM_SPECIAL, a.vocab, (a.s2s_batch, a.source_len)).astype(np.int32)
+  inputs[1::2, a.source_len // 2 :] = PAD_ID  # every other source half padded
+  kwargs = dict(length=a.target_len)
+  cached = functools.partial(
+    decode.seq2seq_beam_search, model, params, inputs, beam_size=a.beam, **kwargs
+  )
+  again = functools.partial(reprojecting_beam_search, model, params, inputs, beam=a.beam, **kwargs)
+  results = alternate(
+    {"cross K/V cached once per source": lambda: cached().beams,
+     "cross K/V re-projected every step": lambda: again().beams},
+    a.rounds,
+  )  # fmt: skip
+  np.testing.assert_array_equal(cached().beams, again().beams)
+  print(
+    f"\nSeq2seq {a.layers} + {a.layers} layers, D={a.d_model}, beam {a.beam}: {a.s2s_batch} "
+    f"sources of {a.source_len} tokens (every other half PAD), {a.target_len} target tokens\n"
+  )
+  print("| beam search | first call s (compile) | median s | target tokens/s | speed-up |")
+  print("| --- | ---: | ---: | ---: | ---: |")
+  slow = results["cross K/V re-projected every step"][1]
+  for name, (first, median) in results.items():
+    tps = a.s2s_batch * a.target_len / median
+    print(f"| {name} | {first:.2f} | {median:.3f} | {tps:,.0f} | {slow / median:.2f}x |")
 
 
 def main() -> None:
   a = parse_args()
+  if a.prompt_len + a.new_tokens > a.max_len:
+    raise SystemExit(f"--prompt-len + --new-tokens must be <= --max-len={a.max_len}")
   config = ModelConfig(
     family="decoder",
     vocab_size=a.vocab,
@@ -124,48 +306,10 @@ def main() -> None:
     max_len=a.max_len,
     dtype=a.dtype,
   )
-  model = DecoderLM(config)
-  if a.prompt_len + a.new_tokens > a.max_len:
-    raise SystemExit(f"--prompt-len + --new-tokens must be <= --max-len={a.max_len}")
-  params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
-  n_params = sum(x.size for x in jax.tree.leaves(params))
-  steps = a.no_cache_steps or a.new_tokens
-  windows = [tuple(int(x) for x in w.split("-")) for w in a.windows.split(",")]
-  rng = np.random.default_rng(0)
-  throughput, per_token = [], []
-  for b in a.batch_sizes:
-    prompts = rng.integers(NUM_SPECIAL, a.vocab, (b, a.prompt_len)).astype(np.int32)
-    lengths = np.full(b, a.prompt_len, np.int32)
-
-    def cached(prompts=prompts, lengths=lengths):
-      return decode.lm_decode(model, params, prompts, lengths, length=a.new_tokens).tokens
-
-    first, best = timed(cached, a.repeats)
-    throughput.append(("KV cache", b, a.new_tokens, first, best, b * a.new_tokens / best))
-
-    buffer = np.zeros((b, a.prompt_len + a.new_tokens), np.int32)
-    buffer[:, : a.prompt_len] = prompts
-    run = no_cache_decode(model, steps)
-    first, best = timed(lambda run=run, buffer=buffer: run(params, buffer, a.prompt_len), a.repeats)
-    throughput.append(("no cache (full prefix)", b, steps, first, best, b * steps / best))
-
-    times = per_token_times(model, params, prompts, a.new_tokens)
-    per_token.append((b, [1e3 * times[lo - 1 : hi].mean() for lo, hi in windows]))
-
-  print(
-    f"\nGPT V={a.vocab} D={a.d_model} L={a.layers} N={a.heads} F={a.d_ff} "
-    f"max_len={a.max_len} ({n_params / 1e6:.2f}M params, {a.dtype}), prompt {a.prompt_len} "
-    f"tokens, greedy, {jax.devices()[0].platform} x{jax.local_device_count()}\n"
-  )
-  print("| decoding | batch | new tokens timed | first call s (compile) | best s | tokens/s |")
-  print("| --- | ---: | ---: | ---: | ---: | ---: |")
-  for name, b, n, first, best, tps in throughput:
-    print(f"| {name} | {b} | {n} | {first:.2f} | {best:.3f} | {tps:,.0f} |")
-  print("\nPer-token time with the KV cache (ms, one jitted step per token, incl. dispatch):\n")
-  print("| batch | " + " | ".join(f"tokens {lo}-{hi}" for lo, hi in windows) + " |")
-  print("| ---: | " + " | ".join("---:" for _ in windows) + " |")
-  for b, ms in per_token:
-    print(f"| {b} | " + " | ".join(f"{m:.2f}" for m in ms) + " |")
+  print(f"CPU: {cpu_isa()}; jax {jax.__version__}")
+  gpt(a, config)
+  if a.s2s_batch:
+    seq2seq(a, config)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,34 @@ Markdown table and a summary; exits 1 if any trial failed.
 (gloo collectives); SIGTERM goes to process 1 only. JAX's preemption sync point must stop
 both processes at the same step, both save it and exit 0, and the same two commands then
 finish the run bit-exactly against an uninterrupted two-process run.
+
+`--processes 2 --trials N`: the faults of several hosts and of storage, on two
+`jax.distributed` processes of a 12-update run (a checkpoint every 2, an evaluation every
+4, every checkpoint kept, `distributed_timeout_s=5`). Per trial a fresh workdir, one fault
+drawn at random (seeded), then the same two commands again to the end; the final state
+must equal an uninterrupted two-process run's byte for byte:
+
+  kill-step    SIGKILL to a random process between updates (random update, 0-50 ms after)
+  kill-save    SIGKILL to a random process while an asynchronous checkpoint write is in
+               flight (its orbax temporary folder exists)
+  kill-eval    SIGKILL to a random process as it enters a random evaluation
+  preempt      SIGTERM to a random process at a random update
+  config       process 1 started with another batch size
+  disk-full    the checkpoint folder is a small tmpfs (tests/fault_harness.py `SmallDisk`),
+               filled once a random checkpoint is committed, freed before the resume
+
+Expected: a killed process's survivor exits 75 with one `error: process K of 2 was lost`
+line naming the latest committed checkpoint (or none); a preempted run exits 0 on both processes
+having saved one agreed step; a config mismatch exits 1 on both before building; a full
+disk exits non-zero on both with one `error:` line each. Prints a Markdown table (time to
+detect: SIGKILL to the survivor's exit) and a summary; exits 1 if any trial failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import errno
 import os
 import re
 import signal
@@ -51,6 +73,9 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--devices", type=int, default=1, help="fake CPU devices per run")
   p.add_argument("--workdir", default=None, help="where the runs go (default: a temp dir)")
   p.add_argument("--multihost-preemption", action="store_true", help="also the 2-process check")
+  p.add_argument(
+    "--processes", type=int, default=1, choices=(1, 2), help="2: the faults of two processes"
+  )
   return p.parse_args()
 
 
@@ -98,8 +123,191 @@ def multihost_preemption(root: str, env: dict[str, str], delay: float) -> bool:
   return ok
 
 
+# -- two processes -----------------------------------------------------------------------
+
+TWO = (
+  "--config.num_train_steps=12",
+  "--config.checkpoint_every=2",
+  "--config.eval_every=4",
+  "--config.eval_batches=2",
+  "--config.log_every=2",
+  "--config.model.num_layers=1",
+  "--config.keep_checkpoints=20",
+  "--config.distributed_timeout_s=5",
+)
+KINDS = ("kill-step", "kill-save", "kill-eval", "preempt", "config", "disk-full")
+LOST = re.compile(r"error: process (\d) of 2 .*was lost .*Last good checkpoint: (step \d+|none) ")
+
+
+def _phase_line(name: str, step: int):
+  return lambda line: line == f"phase {name} {step}"
+
+
+def _committed(workdir: str) -> list[int]:
+  from transformer.train.checkpoints import committed_steps
+
+  return committed_steps(os.path.join(workdir, "checkpoints"))
+
+
+def _fault(kind: str, workdir: str, env: dict, rng, disk) -> dict:
+  """Runs the two processes of `workdir` with fault `kind`; what happened and whether it
+  is what the fault must give."""
+  victim = int(rng.integers(2))
+  if kind == "config":
+    runs = fh.processes(2, workdir, env, *TWO, each=[[], ["--config.batch_size=16"]])
+    codes = [run.wait(300) for run in runs]
+    lines = [fh.error_lines(run) for run in runs]
+    ok = codes == [1, 1] and all(
+      len(e) == 1 and "config.batch_size is 8 on process 0 and 16 on process 1" in e[0]
+      for e in lines
+    )
+    return {"victim": "-", "at": "start", "codes": codes, "ok": ok, "detect": None}
+  runs = fh.processes(2, workdir, env, *TWO, wrap=disk.wrap if disk is not None else None)
+  target = runs[victim]
+  if kind == "kill-save":
+    step = int(rng.choice([2, 4, 6, 8, 10]))
+    target.wait_for(_phase_line("save", step))
+    deadline = time.monotonic() + 5
+    while not fh.in_flight_writes(workdir) and time.monotonic() < deadline:
+      time.sleep(0.002)
+    at = f"save {step}" + ("+write" if fh.in_flight_writes(workdir) else "")
+  elif kind == "kill-eval":
+    step = int(rng.choice([4, 8]))
+    target.wait_for(_phase_line("eval", step))
+    at = f"eval {step}"
+  elif kind in ("kill-step", "preempt"):
+    step = int(rng.choice([2, 4, 6, 8]))
+    target.wait_for(_phase_line("train", step))
+    time.sleep(float(rng.uniform(0.0, 0.05)))
+    at = f"train {step}"
+  else:  # disk-full: once a random checkpoint is committed
+    step = int(rng.choice([2, 4, 6, 8]))
+    seen = disk.view(os.path.join(workdir, "checkpoints"))
+    deadline = time.monotonic() + 300
+    while not os.path.isdir(os.path.join(seen, str(step))) and time.monotonic() < deadline:
+      time.sleep(0.01)
+    _fill(seen)
+    codes = [run.wait(300) for run in runs]
+    if os.path.exists(os.path.join(seen, "ballast")):
+      os.remove(os.path.join(seen, "ballast"))  # space freed
+    lines = [fh.error_lines(run) for run in runs]
+    ended = codes == [0, 0] and not any(lines)  # filled after the last write: no fault
+    stopped = all(c != 0 for c in codes) and all(len(e) == 1 for e in lines)
+    return {"victim": "-", "at": f"after {step}", "codes": codes, "ok": ended or stopped,
+            "detect": None}  # fmt: skip
+  sent = time.monotonic()
+  target.signal(signal.SIGTERM if kind == "preempt" else signal.SIGKILL)
+  survivor = runs[1 - victim]
+  survivor.wait(300)
+  detect = time.monotonic() - sent if kind != "preempt" else None  # to the survivor's exit
+  codes = [run.wait(300) for run in runs]
+  if kind == "preempt":
+    said = [re.findall(r"sync point: saved a checkpoint at step (\d+)", r.output()) for r in runs]
+    finished = codes == [0, 0] and said == [[], []] and _committed(workdir)[-1] == 12
+    ok = codes == [0, 0] and (finished or (said[0] == said[1] and len(said[0]) == 1))
+  else:
+    match = [LOST.match(line) for line in fh.error_lines(survivor)]
+    ok = (
+      codes[victim] == -signal.SIGKILL
+      and codes[1 - victim] == 75
+      and len(match) == 1
+      and match[0] is not None
+      and int(match[0].group(1)) == victim
+      and match[0].group(2) == (f"step {max(done)}" if (done := _committed(workdir)) else "none")
+    )
+  return {"victim": victim, "at": at, "codes": codes, "ok": ok, "detect": detect}
+
+
+def _fill(folder: str) -> None:
+  """Fills the disk of `folder` with a ballast file (it may be full already)."""
+  try:
+    with open(os.path.join(folder, "ballast"), "wb") as f:
+      while True:
+        f.write(b"\0" * 65536)
+        f.flush()
+  except OSError as e:
+    if e.errno != errno.ENOSPC:
+      raise
+
+
+def _final(workdir: str, disk) -> dict:
+  return fh.final_state(disk.view(workdir) if disk is not None else workdir)
+
+
+def two_processes(args) -> int:
+  """`--processes 2`: random faults of two processes (module docstring)."""
+  root = args.workdir or tempfile.mkdtemp(prefix="kill_resume_2p_")
+  env = fh.child_env(os.path.join(root, "compile_cache"))
+  rng = np.random.default_rng(args.seed)
+  t0 = time.time()
+  source = fh.source_fingerprint()
+  ref_dir = os.path.join(root, "reference")
+  runs = fh.processes(2, ref_dir, env, *TWO)
+  if [run.wait(600) for run in runs] != [0, 0]:
+    print(runs[0].output()[-3000:])
+    return 1
+  reference = fh.final_state(ref_dir)
+  no_disk = fh.SmallDisk.available()
+  kinds = [k for k in KINDS if k != "disk-full" or no_disk is None]
+  if no_disk:
+    print(f"(no disk-full trials: {no_disk})")
+  print("| trial | fault | process | at | statuses | resumed from | bit-exact | detect (s) |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+  by_kind: collections.Counter[str] = collections.Counter()
+  detections, exact, failures = [], 0, 0
+  for trial in range(args.trials):
+    kind = str(rng.choice(kinds))
+    workdir = os.path.join(root, f"trial_{trial:02d}")
+    disk = None
+    if kind == "disk-full":
+      disk = fh.SmallDisk(os.path.join(workdir, "checkpoints"), "8m")
+    try:
+      done = _fault(kind, workdir, env, rng, disk)
+      resumed = fh.processes(2, workdir, env, *TWO, wrap=disk.wrap if disk else None)
+      codes = [run.wait(600) for run in resumed]
+      out = resumed[0].output()
+      origin = next(
+        (ln.split()[3] for ln in out.splitlines() if ln.startswith("resumed from")), "0"
+      )
+      same = codes == [0, 0] and not fh.bit_equal(
+        _final(workdir, disk)["state"], reference["state"]
+      )
+    finally:
+      if disk is not None:
+        disk.close()
+    by_kind[kind] += 1
+    exact += same
+    ok = done["ok"] and same
+    failures += not ok
+    if done["detect"] is not None:
+      detections.append(done["detect"])
+    detect = f"{done['detect']:.1f}" if done["detect"] is not None else "-"
+    print(
+      f"| {trial} | {kind} | {done['victim']} | {done['at']} | {done['codes']} | {origin} | "
+      f"{'yes' if same else 'NO'} | {detect} |" + ("" if ok else " FAILED"),
+      flush=True,
+    )
+  print(
+    f"\n{args.trials} trials, {failures} failures; faults by kind: {dict(by_kind)}; "
+    f"resumes bit-exact: {exact}/{args.trials}"
+  )
+  if detections:
+    print(
+      f"time to detect a dead peer (SIGKILL to the survivor's exit, timeout 5 s): min "
+      f"{min(detections):.1f}s, median {float(np.median(detections)):.1f}s, max "
+      f"{max(detections):.1f}s over {len(detections)} kills"
+    )
+  if fh.source_fingerprint() != source:
+    print("transformer/*.py changed during the sweep: the comparisons are not meaningful")
+    failures += 1
+  print(f"wall time {time.time() - t0:.0f}s; runs under {root}")
+  return 1 if failures else 0
+
+
 def main() -> int:
   args = parse_args()
+  if args.processes == 2:
+    return two_processes(args)
   root = args.workdir or tempfile.mkdtemp(prefix="kill_resume_")
   env = fh.child_env(os.path.join(root, "compile_cache"), args.devices)
   rng = np.random.default_rng(args.seed)

@@ -9,7 +9,11 @@ tokenizer trained on the first lines of data/tinyshakespeare.txt.gz where the fa
 one: GPT-2 a byte-level BPE (`tokenizer.json`, `<|endoftext|>` as BOS = EOS = UNK), BERT
 a WordPiece (`tokenizer.json`, [PAD] [UNK] [CLS] [SEP] [MASK]), Llama a SentencePiece BPE
 (`tokenizer.model`, UNK 0, BOS 1, EOS 2), T5 a SentencePiece unigram (`spiece.model`, PAD 0,
-EOS 1, UNK 2, 100 sentinels); ViT has none. Sizes: width 32, 2 heads, 1 layer, feed-forward
+EOS 1, UNK 2, 100 sentinels), trained also on English and Spanish verses of
+data/bible_kjv_rv1909_en_es.tsv.gz from its training split (T5's vocabulary covers several
+languages; configs/finetune_t5_en_es.py needs the Spanish letters). ViT has none; it is
+greyscale, 32 x 32 pixels in 16 x 16 patches, 10 labels (the shipped digits resized, as
+configs/finetune_vit_digits.py reads them). Sizes: width 32, 2 heads, 1 layer, feed-forward
 64, 64 positions (the sizes tests/test_recipes.py shrinks every config to). The weights are
 random: the point is the path (config, weights, tokenizer), not the predictions.
 
@@ -29,11 +33,13 @@ import jax
 
 from transformer import convert
 from transformer.convert import registry
+from transformer.data.builders import hash_split
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "data" / "tinyshakespeare.txt.gz"
+VERSES = REPO / "data" / "bible_kjv_rv1909_en_es.tsv.gz"
 WIDTH, HEADS, LAYERS, FFN, MAX_LEN = 32, 2, 1, 64, 64
 FAMILIES = ("gpt2", "bert", "llama", "t5", "vit")
 END = "<|endoftext|>"
@@ -49,6 +55,26 @@ def corpus(lines: int = 400) -> list[str]:
       if len(out) == lines:
         break
   return out
+
+
+def verses(pairs: int = 200) -> list[str]:
+  """English and Spanish text of the first `pairs` verse pairs of the shipped bible TSV that
+  fall in the training split of the recipes' default 5% / 5% hash split (no held-out verse)."""
+  out = []
+  with gzip.open(VERSES, "rt", encoding="utf-8") as f:
+    header = next(f).rstrip("\n").split("\t")
+    for line in f:
+      row = dict(zip(header, line.rstrip("\n").split("\t"), strict=True))
+      if hash_split(row[header[0]], 0.05, 0.05) == "train":
+        out += [row["en"], row["es"]]
+      if len(out) == 2 * pairs:
+        break
+  return out
+
+
+def texts_for(family: str) -> list[str]:
+  """The default tokenizer training text of `family`."""
+  return corpus() + verses() if family == "t5" else corpus()
 
 
 def _write_config(path: Path, **tokens: str) -> None:
@@ -151,7 +177,7 @@ def hf_config(family: str, vocab: int) -> tuple[str, dict]:
     )  # fmt: skip
   if family == "vit":
     return "ViTForImageClassification", dict(
-      image_size=32, patch_size=16, num_channels=3, qkv_bias=True,
+      image_size=32, patch_size=16, num_channels=1, qkv_bias=True,
       id2label={str(i): f"LABEL_{i}" for i in range(10)}, **bert_like,
     )  # fmt: skip
   raise ValueError(f"family {family!r}: one of {', '.join(FAMILIES)}")
@@ -171,12 +197,12 @@ def make(family: str, path: str | Path, seed: int = 0, texts: list[str] | None =
   path.mkdir(parents=True, exist_ok=True)
   vocab = 0
   if family in TOKENIZERS:
-    vocab = TOKENIZERS[family](path, texts if texts is not None else corpus())
+    vocab = TOKENIZERS[family](path, texts if texts is not None else texts_for(family))
   architecture, fields = hf_config(family, vocab)
   converter = registry.get(architecture)
   config = ModelConfig(**converter.config_from_hf(fields))
   inputs = converter.init_inputs(config)
-  params = build_model(config).init(jax.random.PRNGKey(seed), *inputs)["params"]
+  params = jax.jit(build_model(config).init)(jax.random.PRNGKey(seed), *inputs)["params"]
   convert.save(path, config, params, architecture)
   return path
 
@@ -187,9 +213,8 @@ def main() -> None:
   parser.add_argument("families", nargs="*", default=FAMILIES, help=", ".join(FAMILIES))
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args()
-  texts = corpus()
   for family in args.families:
-    print(make(family, Path(args.out) / family, args.seed, texts))
+    print(make(family, Path(args.out) / family, args.seed))
 
 
 if __name__ == "__main__":

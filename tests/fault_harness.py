@@ -7,6 +7,18 @@ tests/tiny_lm_config.py ...`: train.py with a phase hook installed, so its stder
 restore, train, eval, save, finish); a reader thread timestamps every output line. A
 kill is classified by the last phase line before it and by whether an orbax temporary
 directory (an asynchronous checkpoint write in flight) existed at that moment.
+
+For the faults of several hosts and of storage (tests/test_faults_multihost.py,
+tests/test_faults_storage.py, `benchmarks/kill_resume.py --processes 2`):
+
+  processes(n, workdir, env, *overrides, each=None, wrap=None)   n `jax.distributed`
+      processes of one run on this machine (a fresh coordinator port)
+  pause_env(env, phase, release)   run as a script, this file is train.py with phase lines
+      that stops at `phase` ("NAME STEP") until the file `release` exists
+  SmallDisk(path, size)   a tmpfs of `size` mounted at `path` in a user + mount namespace of
+      its own: a real disk that fills up (ENOSPC), resized to "free space"
+  StorageEmulator(data_dir)   the Cloud Storage emulator on loopback, on disk, that can be
+      told to die when the Nth request for some object arrives, and be restarted
 """
 
 from __future__ import annotations
@@ -14,7 +26,9 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -56,14 +70,60 @@ def child_env(compile_cache: str | None = None, devices: int = 1) -> dict[str, s
   return env
 
 
-def train_command(workdir: str, *overrides: str) -> list[str]:
+def train_command(workdir: str, *overrides: str, script: str | None = None) -> list[str]:
+  """`train.py` with phase lines (tests/traced_train.py, or `script`) on the tiny LM."""
   return [
     sys.executable,
-    os.path.join(REPO, "tests", "traced_train.py"),
+    script or os.path.join(REPO, "tests", "traced_train.py"),
     f"--config={TINY_CONFIG}",
     f"--workdir={workdir}",
     *overrides,
   ]
+
+
+PAUSABLE = os.path.abspath(__file__)  # `train_command(..., script=PAUSABLE)` + `pause_env`
+
+
+def pause_env(env: dict[str, str], phase: str, release: str) -> dict[str, str]:
+  """`env` for a `PAUSABLE` run that prints `paused NAME STEP` at `phase` ("NAME STEP") and
+  waits there (at most 300 s) until the file `release` exists."""
+  return dict(env, FAULT_PAUSE_AT=phase, FAULT_PAUSE_RELEASE=release)
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def processes(
+  count: int,
+  workdir: str,
+  env: dict[str, str],
+  *overrides: str,
+  each: list[list[str]] | None = None,
+  script: str | None = None,
+  wrap: Callable[[list[str]], list[str]] | None = None,
+) -> list[Run]:
+  """The `count` processes of one run (explicit TRANSFORMER_* variables, a fresh port);
+  `each[i]`: more overrides for process i; `wrap`: applied to each command (`SmallDisk`)."""
+  port = free_port()
+  runs = []
+  for i in range(count):
+    variables = dict(
+      env,
+      TRANSFORMER_COORDINATOR=f"127.0.0.1:{port}",
+      TRANSFORMER_NUM_PROCESSES=str(count),
+      TRANSFORMER_PROCESS_ID=str(i),
+    )
+    cmd = train_command(workdir, *overrides, *(each[i] if each else []), script=script)
+    runs.append(Run(wrap(cmd) if wrap else cmd, variables))
+  return runs
+
+
+def error_lines(run: Run) -> list[str]:
+  """The run's `error:` lines."""
+  return [line for line in run.output().splitlines() if line.startswith("error:")]
 
 
 class Run:
@@ -197,3 +257,175 @@ def bit_equal(a, b) -> list[str]:
     if x.dtype != y.dtype or x.shape != y.shape or x.tobytes() != y.tobytes():
       bad.append(key)
   return bad
+
+
+class SmallDisk:
+  """A tmpfs of `size` (e.g. '2m') mounted at `path` inside a user + mount namespace held
+  by a helper process: no root needed where the kernel allows unprivileged user
+  namespaces. Commands run on it through `wrap(cmd)` (nsenter); this process reads it
+  under `view(path)`; `resize(size)` grows it (space freed)."""
+
+  def __init__(self, path: str, size: str):
+    os.makedirs(path, exist_ok=True)
+    self.path = path
+    script = f'mount -t tmpfs -o size={size} tmpfs "{path}" && echo mounted && exec cat'
+    self.holder = subprocess.Popen(
+      ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+    )
+    line = self.holder.stdout.readline().strip()
+    if line != "mounted":
+      self.close()
+      raise OSError(f"cannot mount a tmpfs in a user namespace: {self.holder.stderr.read()}")
+
+  @staticmethod
+  def available() -> str | None:
+    """None when this machine can make a SmallDisk, else why not."""
+    if not (shutil.which("unshare") and shutil.which("nsenter")):
+      return "unshare / nsenter (util-linux) are not installed"
+    probe = subprocess.run(
+      ["unshare", "--user", "--map-root-user", "--mount", "true"], capture_output=True, text=True
+    )
+    return None if probe.returncode == 0 else f"no user namespaces: {probe.stderr.strip()}"
+
+  def wrap(self, cmd: list[str]) -> list[str]:
+    pid = str(self.holder.pid)
+    return ["nsenter", "--target", pid, "--user", "--mount", "--preserve-credentials", *cmd]
+
+  def view(self, path: str) -> str:
+    """`path` (under the mount) as this process sees it (through /proc/PID/root)."""
+    return f"/proc/{self.holder.pid}/root{os.path.abspath(path)}"
+
+  def resize(self, size: str) -> None:
+    subprocess.run(self.wrap(["mount", "-o", f"remount,size={size}", self.path]), check=True)
+
+  def close(self) -> None:
+    if self.holder.poll() is None:
+      self.holder.stdin.close()
+      self.holder.wait(10)
+
+
+# The Cloud Storage emulator (gcp-storage-emulator) on 127.0.0.1, its objects on disk so
+# that it can be killed and restarted. argv: port, bucket, data dir, and optionally a regex
+# and a count N: when the Nth request whose URL (unquoted) matches the regex arrives, the
+# emulator exits at once (status 3) without answering, as storage that goes away. Its media
+# downloads lack the x-goog-generation header that tensorstore's gcs kvstore reads: the
+# download handler is wrapped to add it (as in tests/test_gcs_workdir.py).
+_EMULATOR = """
+import os, re, sys, urllib.parse
+from gcp_storage_emulator import server as emulator_server
+from gcp_storage_emulator.handlers import objects
+
+_download = objects.download
+
+def download(request, response, storage, *args, **kwargs):
+  try:
+    obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+    response["x-goog-generation"] = str(obj["generation"])
+    response["x-goog-metageneration"] = str(obj["metageneration"])
+  except Exception:
+    pass
+  return _download(request, response, storage, *args, **kwargs)
+
+objects.download = download
+port, bucket, data_dir = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+pattern, count = (re.compile(sys.argv[4]), int(sys.argv[5])) if len(sys.argv) > 5 else (None, 0)
+seen = [0]
+_handle = emulator_server.Router.handle
+
+def handle(self, method):
+  url = urllib.parse.unquote(self._request_handler.path)
+  if pattern is not None and pattern.search(url):
+    seen[0] += 1
+    if seen[0] >= count:
+      print(f"dying at {method} {url}", flush=True)
+      os._exit(3)
+  return _handle(self, method)
+
+emulator_server.Router.handle = handle
+fresh = not os.path.exists(os.path.join(data_dir, ".cloudstorage"))
+server = emulator_server.create_server(
+  "127.0.0.1", port, in_memory=False, default_bucket=bucket if fresh else None, data_dir=data_dir
+)
+server.start()
+print("ready", flush=True)
+try:
+  sys.stdin.read()
+finally:
+  server.stop()
+"""
+
+
+def storage_env(endpoint: str) -> dict[str, str]:
+  """Every storage client of a subprocess pointed at the emulator at `endpoint`."""
+  return {
+    "STORAGE_EMULATOR_HOST": endpoint,  # gcsfs (etils.epath's gs:// backend)
+    "TENSORSTORE_GCS_HTTP_URL": endpoint,  # tensorstore's gcs kvstore (orbax arrays)
+    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # no bucket-layout RPCs (no such API here)
+    "GCE_METADATA_ROOT": "127.0.0.1:1",  # no credentials: fail the metadata probe at once
+    "GOOGLE_CLOUD_PROJECT": "test",
+  }
+
+
+class StorageEmulator:
+  """The emulator as a subprocess on a fixed port with its objects in `data_dir`."""
+
+  BUCKET = "bucket"
+
+  def __init__(self, data_dir: str):
+    self.data_dir, self.port = data_dir, free_port()
+    self.endpoint = f"http://127.0.0.1:{self.port}"
+    self.proc: subprocess.Popen | None = None
+
+  def start(self, die_at: tuple[str, int] | None = None) -> None:
+    """Starts (or restarts) it; `die_at=(regex, N)`: it dies at the Nth matching request."""
+    extra = [die_at[0], str(die_at[1])] if die_at else []
+    self.proc = subprocess.Popen(
+      [sys.executable, "-c", _EMULATOR, str(self.port), self.BUCKET, self.data_dir, *extra],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL,
+      text=True,
+    )
+    if self.proc.stdout.readline().strip() != "ready":
+      raise RuntimeError(f"the storage emulator did not start (status {self.proc.wait()})")
+
+  def wait_dead(self, timeout: float) -> str:
+    """Blocks until it has died at its request; returns its last line (`dying at ...`)."""
+    line = self.proc.stdout.readline().strip()
+    self.proc.wait(timeout)
+    return line
+
+  def stop(self) -> None:
+    if self.proc is not None and self.proc.poll() is None:
+      self.proc.stdin.close()
+      try:
+        self.proc.wait(10)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def _pausing_phase(name: str, step: int) -> None:
+  """The phase hook of this file run as a script (see `pause_env`)."""
+  print(f"phase {name} {step}", file=sys.stderr, flush=True)
+  if os.environ.get("FAULT_PAUSE_AT") == f"{name} {step}":
+    print(f"paused {name} {step}", file=sys.stderr, flush=True)
+    release, deadline = os.environ["FAULT_PAUSE_RELEASE"], time.monotonic() + 300
+    while not os.path.exists(release) and time.monotonic() < deadline:
+      time.sleep(0.05)
+
+
+if __name__ == "__main__":  # train.py with phase lines and an optional pause
+  sys.path.insert(0, REPO)
+  from absl import app
+
+  import train
+  from transformer.cli import parse_flags
+  from transformer.train.loop import Hooks
+
+  train.HOOKS = Hooks(phase=_pausing_phase)
+  app.run(train.main, flags_parser=parse_flags)

@@ -263,6 +263,9 @@ def multi_head_attention(
   q = dense(x, p["query"])  # [B, T, N, H]
   k = dense(kv_input, p["key"])  # [B, S, K, H]
   v = dense(kv_input, p["value"])
+  if config.qk_norm:  # QK-norm: RMSNorm of every query / key head over H, before RoPE
+    q = rms_norm(q, p["query_norm"], config.norm_eps)
+    k = rms_norm(k, p["key_norm"], config.norm_eps)
   bias = None
   pos = None if is_cross else config.position
   relative = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]: key - query
@@ -447,7 +450,7 @@ def encoder_decoder(p: Params, inputs, targets, config) -> np.ndarray:
   src_pos, tgt_pos = _positions(inputs), _positions(targets)
   si, ti = np.arange(inputs.shape[1]), np.arange(targets.shape[1])
   x = _add_positions(_embed(table, inputs, config), p.get("encoder_embedder"), src_pos, config)
-  enc_mask = reference_mask(si, si, False, None, src_seg, src_seg)
+  enc_mask = reference_mask(si, si, False, config.sliding_window, src_seg, src_seg)
   encoded = stack(p["encoder"], x, config, config.num_layers, enc_mask, src_pos, False)
   # Shifted right with 0 as the start token; a new segment also starts from 0 (T5 packing).
   prev_seg = np.concatenate([np.zeros_like(tgt_seg[:, :1]), tgt_seg[:, :-1]], axis=1)
@@ -478,6 +481,8 @@ def vision_transformer(p: Params, images: np.ndarray, config) -> np.ndarray:
   if config.position == "learned":
     x = x + p["pos_embedding"]
   positions = _positions(x[..., 0])
-  x = stack(p["encoder"], x, config, config.num_layers, None, positions, False)
+  idx = np.arange(x.shape[1])
+  mask = reference_mask(idx, idx, False, config.sliding_window)  # all True without a window
+  x = stack(p["encoder"], x, config, config.num_layers, mask, positions, False)
   pooled = x[:, 0] if config.pooling == "cls" else x.mean(1)
   return dense(pooled, p["head"])

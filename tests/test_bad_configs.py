@@ -37,6 +37,7 @@ _OUT_OF_RANGE = {
   "best_mode": ["lowest"],
   "sample_temperature": [0.0, -1.0, -_INF],
   "preemption_grace_seconds": [0.0, -5.0, _NAN, -_INF],
+  "distributed_timeout_s": [0, -1],
   **{f"model.{f}": [0, -1] for f in ("d_model", "num_heads", "num_layers", "d_ff", "max_len")},
   "model.num_kv_heads": [0, -2, 3],
   "model.num_decoder_layers": [0],
@@ -71,6 +72,9 @@ _OUT_OF_RANGE = {
   "mesh.data": [0, -2],
   "mesh.fsdp": [0],
   "mesh.tensor": [-3],
+  "profile_steps": [(3,), (4, 2), (0, 1), (1, 2, 3), (1.0, 2)],
+  "peak_flops": [-1.0, _INF, _NAN],
+  "wandb.mode": ["cloud", ""],
 }
 
 # Field type -> values of other types (ml_collections lets a Python config set them).
@@ -79,6 +83,7 @@ _WRONG_TYPE = {
   float: ["0.5", [0.5], True, None],
   str: [3, 2.5, ["a"], True, None],
   bool: [1, 0, "true", 1.0, None],
+  tuple: ["1,2", 3, 2.5, True, None],
 }
 
 # (changes, a field the message must name): each combination breaks a cross-field rule.

@@ -5,12 +5,16 @@ Shakespeare (scripts/make_tiny_hf.py, nothing downloaded) is fine-tuned for 2 st
 model config, every weight, the tokenizer and the vocabulary size are the directory's,
 so the first step's training loss is the imported model's own loss on that first batch.
 A model field that conflicts with the checkpoint fails in one line before compiling.
+The run records what the directory decided in its workdir, so once the directory is gone
+the run still resumes and `eval.py` still evaluates it.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -20,6 +24,8 @@ from test_recipes import make_tiny_hf, tiny
 
 from transformer import convert
 from transformer.convert import tokenizers as pretrained
+from transformer.eval.evaluate import evaluate
+from transformer.tasks import EvalOptions
 from transformer.train import experiment, losses, setup
 from transformer.train import loop as train_lib
 
@@ -42,24 +48,50 @@ def _config(gpt2_dir, **loop):
   return config
 
 
-def test_two_steps_start_from_the_imported_model(gpt2_dir, tmp_path, caplog):
-  config = _config(gpt2_dir)
-  with caplog.at_level("INFO"):
-    metrics = train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+class _Messages(logging.Handler):
+  def __init__(self):
+    super().__init__(logging.INFO)
+    self.lines: list[str] = []
+
+  def emit(self, record):
+    self.lines.append(record.getMessage())
+
+
+@pytest.fixture(scope="module")
+def trained(gpt2_dir, tmp_path_factory):
+  """(source, workdir, metrics, log lines) of 2 steps from a copy of the tiny GPT-2 (the
+  same files, named gpt2 too), which the persistence test deletes."""
+  root = tmp_path_factory.mktemp("trained")
+  source = root / "gpt2"
+  shutil.copytree(gpt2_dir, source)
+  messages, logger = _Messages(), logging.getLogger()
+  level = logger.level
+  logger.addHandler(messages)
+  logger.setLevel(logging.INFO)
+  try:
+    metrics = train_lib.train_and_evaluate(_config(source), str(root / "run"))
+  finally:
+    logger.removeHandler(messages)
+    logger.setLevel(level)
+  return source, root / "run", metrics, messages.lines
+
+
+def test_two_steps_start_from_the_imported_model(gpt2_dir, trained, tmp_path):
+  _, workdir, metrics, messages = trained
   assert np.isfinite(metrics["loss"])
   hf_cfg, imported = convert.load(gpt2_dir)
 
-  logged = [r.getMessage() for r in caplog.records if "tensors copied" in r.getMessage()]
+  logged = [m for m in messages if "tensors copied" in m]
   assert len(logged) == 1, logged
   copied, total = map(int, re.search(r": (\d+) of (\d+) tensors copied", logged[0]).groups())
   assert copied == total == len(jax.tree.leaves(imported)), logged  # every weight
 
   # The tokenizer is the directory's, cached in the workdir; the vocabulary is the checkpoint's.
-  saved = Path(tmp_path, "run", "tokenizers", pretrained.filename())
+  saved = Path(workdir, "tokenizers", pretrained.filename())
   expected = tmp_path / "expected.json"
   pretrained.from_pretrained_dir(gpt2_dir).save(expected)
   assert saved.read_bytes() == expected.read_bytes()
-  run_cfg = json.loads(Path(tmp_path, "run", setup.MODEL_CONFIG_FILE).read_text())
+  run_cfg = json.loads(Path(workdir, setup.MODEL_CONFIG_FILE).read_text())
   assert (
     run_cfg["vocab_size"]
     == hf_cfg.vocab_size
@@ -81,7 +113,7 @@ def test_two_steps_start_from_the_imported_model(gpt2_dir, tmp_path, caplog):
     logits, targets, weights, 0.0, 0.0
   )
   expected_loss = float(loss_sum / weight_sum)
-  lines = Path(tmp_path, "run", "metrics.jsonl").read_text().splitlines()
+  lines = Path(workdir, "metrics.jsonl").read_text().splitlines()
   first = [json.loads(x) for x in lines if json.loads(x).get("split") == "train"][0]
   assert first["step"] == 1
   np.testing.assert_allclose(first["loss"], expected_loss, rtol=1e-5)
@@ -120,3 +152,22 @@ def test_the_script_writes_directories_that_load(script, family, tmp_path):
     tok = pretrained.from_pretrained_dir(path)
     assert tok.vocab_size == cfg.vocab_size
     assert tok.decode(tok.encode("First Citizen")).replace(" ", "").lower() == "firstcitizen"
+
+
+def test_the_run_resumes_and_evaluates_once_the_directory_is_gone(trained, tmp_path):
+  source, trained_workdir, _, _ = trained
+  workdir = str(tmp_path / "run")
+  shutil.copytree(trained_workdir, workdir)  # (the other tests read the fixture's workdir)
+  record = json.loads(Path(workdir, experiment.PRETRAINED_RECORD).read_text())
+  assert record["init_from"] == f"hf:{source}" and record["tokenizer"] is True
+  assert record["model"]["d_model"] == 32 and record["model"]["family"] == "decoder"
+  shutil.rmtree(source, ignore_errors=True)
+  with pytest.raises(ValueError, match=r"no config\.json"):  # it is gone indeed
+    experiment.validate(_config(source))
+
+  metrics = train_lib.train_and_evaluate(_config(source, num_train_steps=3), workdir)
+  assert np.isfinite(metrics["loss"])
+  lines = [json.loads(x) for x in Path(workdir, "metrics.jsonl").read_text().splitlines()]
+  assert [x["step"] for x in lines if x.get("split") == "train"] == [1, 2, 3]  # resumed at 2
+  result = evaluate(workdir, options=EvalOptions(max_new_tokens=4))
+  assert result["step"] == 3 and np.isfinite(result["loss"]), result

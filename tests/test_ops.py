@@ -145,3 +145,19 @@ def test_fast_and_plain_ops_train_the_same_model(name):
   scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(g_plain))
   for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_plain), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * scale)
+
+
+def test_causal_blocks_survive_a_traced_query_offset():
+  """`nn.remat` traces MaskInfo's q_offset of a full pass; T == S still means offset 0."""
+  info = MaskInfo.create(jnp.ones((1, 256)), causal=True)
+  seen = []
+
+  @jax.jit
+  def blocks(offset):
+    seen.append(causal_blocks.causal_query_blocks(256, 256, info.replace(q_offset=offset)))
+    seen.append(causal_blocks.causal_query_blocks(1, 256, info.replace(q_offset=offset)))
+    return offset
+
+  blocks(jnp.int32(0))
+  assert seen == [2, 1]  # a decoding step (T < S) never splits
+  assert causal_blocks.causal_query_blocks(256, 256, info.replace(q_offset=3)) == 1

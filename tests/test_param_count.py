@@ -106,6 +106,7 @@ def _random_config(seed: int) -> ModelConfig:
     shaw_max_distance=int(rng.integers(1, 20)),
     scan_layers=bool(rng.integers(2)),
     qkv_bias=pick([None, True, False]),
+    qk_norm=bool(pick([False, True])),
   )
   if family == "vit":
     patch = int(pick([2, 4]))
@@ -125,6 +126,13 @@ def _random_config(seed: int) -> ModelConfig:
       type_vocab_size=int(pick([0, 2, 3])),
       num_classes=int(pick([0, 0, 5])),
       pooling=pick(config_lib.POOLINGS),
+    )
+  experts = int(pick([0, 0, 2, 4]))  # mixture of experts on every moe_every-th layer
+  if experts:
+    fields.update(
+      moe_experts=experts,
+      moe_top_k=int(rng.integers(1, experts + 1)),
+      moe_every=1 if fields["scan_layers"] else int(rng.integers(1, fields["num_layers"] + 1)),
     )
   return ModelConfig(**fields)
 

@@ -34,6 +34,8 @@ _RGB_32 = dict(image_size=32)  # images resized to the tiny model's 32 x 32
 # Tiny random Hugging Face directories (scripts/make_tiny_hf.py), written by `tiny_hf_dirs`.
 TINY_HF = Path(tempfile.gettempdir()) / f"transformer_tiny_hf_{os.getpid()}"
 TINY_GPT2 = str(TINY_HF / "gpt2")
+TINY_BERT, TINY_LLAMA = str(TINY_HF / "bert"), str(TINY_HF / "llama")
+TINY_T5, TINY_VIT = str(TINY_HF / "t5"), str(TINY_HF / "vit")
 
 # config file stem -> (documented args, data overrides, model overrides) for the tiny run.
 RECIPES: dict[str, tuple[tuple, dict, dict]] = {
@@ -53,6 +55,10 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "t5_span_corruption": ((None,), {}, {}),
   "prefix_lm_shakespeare": ((None,), {}, {}),
   "finetune_gpt2_shakespeare": ((TINY_GPT2,), {}, {}),  # hf: a tiny random GPT-2 directory
+  "finetune_bert_testament": ((TINY_BERT,), {}, {}),  # hf: BertForMaskedLM
+  "finetune_llama_shakespeare": ((TINY_LLAMA,), {}, {}),  # hf: LlamaForCausalLM
+  "finetune_t5_en_es": ((TINY_T5,), {}, {}),  # hf: T5ForConditionalGeneration
+  "finetune_vit_digits": ((TINY_VIT,), {}, {"max_len": 5}),  # hf: 4 patches + [CLS]
 }
 # Configs whose data is a standard TFDS dataset: they train two steps on
 # `tfds.testing.mock_data` in tests/test_tfds_configs.py (`TFDS_CONFIGS` checked below).
@@ -72,7 +78,10 @@ def make_tiny_hf():
 @pytest.fixture(scope="module", autouse=True)
 def tiny_hf_dirs():
   """The Hugging Face directories the `hf:` recipes start from."""
-  make_tiny_hf().make("gpt2", TINY_GPT2)
+  script = make_tiny_hf()
+  texts = script.corpus(60)  # tokenizers in seconds
+  for path in (TINY_GPT2, TINY_BERT, TINY_LLAMA, TINY_T5, TINY_VIT):
+    script.make(Path(path).name, path, texts=texts)
   yield
   shutil.rmtree(TINY_HF, ignore_errors=True)
 

@@ -200,7 +200,8 @@ def test_slurm_command_runs_as_two_tasks_of_one_node(setting):
   base = dict(setting["env"], **step, JAX_COORDINATOR_BIND_ADDRESS=f"127.0.0.1:{port}")
   tasks = [(argv, dict(base, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)), REPO) for i in range(2)]
   config = _check_two_processes(_run_all(tasks), workdir, f"127.0.0.1:{port}")
-  assert config["mesh"] == {"data": -1, "fsdp": 2, "tensor": 1}  # FSDP over the 2 processes
+  # FSDP over the 2 processes
+  assert config["mesh"] == {"data": -1, "fsdp": 2, "tensor": 1, "expert": 1}
   assert config["model"]["dtype"] == "bfloat16"  # the command's own override
 
 
@@ -216,7 +217,7 @@ def test_explicit_command_runs_as_two_processes(setting):
     assert not re.search(r"\b(HOST0|PORT|N|I)\b", filled), filled
     runs.append((["bash", "-c", filled], env, REPO))
   config = _check_two_processes(_run_all(runs), workdir, f"127.0.0.1:{port}")
-  assert config["mesh"] == {"data": -1, "fsdp": 1, "tensor": 1}  # data parallel
+  assert config["mesh"] == {"data": -1, "fsdp": 1, "tensor": 1, "expert": 1}  # data parallel
 
 
 def _tpu_worker_command(setting, workdir: str) -> str:
@@ -244,7 +245,7 @@ def test_tpu_pod_command_runs_on_two_workers_given_the_slice(setting):
     for i in range(2)
   ]
   config = _check_two_processes(_run_all(workers), workdir, f"127.0.0.1:{port}")
-  assert config["mesh"] == {"data": -1, "fsdp": 2, "tensor": 1}
+  assert config["mesh"] == {"data": -1, "fsdp": 2, "tensor": 1, "expert": 1}
 
 
 def test_tpu_pod_command_without_a_cluster_is_one_error_line(setting):

@@ -93,10 +93,10 @@ def test_pickle_payloads_planted_in_a_workdir_never_run(tmp_path, trained):
 
 def test_no_unsafe_deserialiser_in_the_package():
   """Nothing in transformer/ can unpickle: no pickle/dill/marshal/torch.load/yaml.load,
-  no np.load with allow_pickle."""
+  no np.load without an explicit allow_pickle=False."""
   unsafe = re.compile(
     r"\b(pickle|cPickle|dill|cloudpickle|marshal|shelve)\.(loads?|Unpickler)\b"
-    r"|torch\.load|yaml\.(unsafe_)?load\(|allow_pickle\s*=\s*True|\bnp\.load\("
+    r"|torch\.load|yaml\.(unsafe_)?load\(|allow_pickle\s*=\s*True|\bnp\.load\((?!.*allow_pickle\s*=\s*False)"
     r"|(?<![.\w])(?<!def )(eval|exec)\("
   )
   hits = []

@@ -32,7 +32,7 @@ def main(argv: list[str], hooks: Hooks | None = None) -> None:
   if not flags.FLAGS["verbosity"].present:  # library INFO logs (orbax) only with -v 0
     logging.set_verbosity(logging.WARNING)
   cli.apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
-  maybe_initialize()
+  maybe_initialize(_CONFIG.value, _WORKDIR.value)  # several processes: same config, peer watch
   cli.run_reporting_errors(train_and_evaluate, _CONFIG.value, _WORKDIR.value, hooks or Hooks())
 
 

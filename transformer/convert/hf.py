@@ -22,7 +22,7 @@ from etils import epath
 
 from transformer.convert import registry
 from transformer.convert.base import Converter, Rule
-from transformer.nn import tree
+from transformer.nn import lora, tree
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 
@@ -256,13 +256,18 @@ def save(
 
   architecture: a Hugging Face class name (`convert.ARCHITECTURES`). Refused in one line:
   a config the architecture cannot express (e.g. RoPE for GPT-2), scanned layers,
-  parameters that do not fit the config. `max_shard_bytes` splits the tensors into
+  parameters that do not fit the config. LoRA adapters (`lora_rank` > 0) are merged into
+  the weights they adapt (`nn.lora.merge_lora`). `max_shard_bytes` splits the tensors into
   `model-0000i-of-0000n.safetensors` files with a `model.safetensors.index.json`.
   Parameters are written as float32.
   """
   converter = registry.get(architecture)
   if model_config.scan_layers:
     raise ValueError("save: ModelConfig.scan_layers=True is not supported (unroll the layers)")
+  if model_config.lora_rank:  # LoRA adapters folded into the base weights first
+    if isinstance(params, Mapping) and set(params) == {"params"}:
+      params = params["params"]
+    params, model_config = lora.merge_lora(params, model_config)
   hf_config = converter.config_to_hf(model_config)
   _check_expressible(model_config, converter, hf_config)
   tensors = convert_to_hf(params, model_config, converter)

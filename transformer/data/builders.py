@@ -295,12 +295,26 @@ def config_name(path: str | os.PathLike, digest: str, name: str | None = None) -
   return f"{re.sub(r'[^A-Za-z0-9_.+-]', '_', stem)}_{digest}"
 
 
+class _DropCustomConfigNotice(logging.Filter):
+  """TFDS warns "Using custom data configuration: <the whole config>" whenever a builder
+  gets a config its class does not list, which every local dataset does by design (the
+  config names the files): dropped, and only that record."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("Using custom data configuration")
+
+
 def prepare(
   builder_cls: type[LocalBuilder], config: LocalConfig, data_dir: str | os.PathLike | None
 ) -> tfds.core.DatasetBuilder:
   """Builds (once) and returns the dataset; later calls with the same config reuse it."""
   _check_fractions(config.validation_fraction, config.test_fraction)
-  builder = builder_cls(config=config, data_dir=data_dir, file_format="array_record")
+  notice, absl_logger = _DropCustomConfigNotice(), logging.getLogger("absl")  # TFDS logs there
+  absl_logger.addFilter(notice)
+  try:
+    builder = builder_cls(config=config, data_dir=data_dir, file_format="array_record")
+  finally:
+    absl_logger.removeFilter(notice)
   builder.download_and_prepare()
   return builder
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from transformer.data import features, images, packing, pipeline, sources
 from transformer.data.config import DataConfig
+from transformer.data.progress import progress
 from transformer.data.spec import DataContext, DataSpec, Shapes
 from transformer.data.tokenizers import Tokenizer
 
@@ -106,7 +107,7 @@ def make_datasets(
       splits.image_shape = (cfg.image_size, cfg.image_size, splits.image_shape[-1])
     if None in splits.image_shape:
       raise ValueError(f"{splits.name}: images vary in size {splits.image_shape}; set image_size")
-    c.image_mean, c.image_std, stats = _image_stats(cfg, splits)
+    c.image_mean, c.image_std, stats = _image_stats(cfg, splits, loader.host()[0] == 0)
   else:
     c.tok = sources.tokenizer_for(cfg, splits, workdir)
     stats = (
@@ -180,12 +181,14 @@ def _close_live_iterators() -> None:
 
 
 def _image_stats(
-  cfg: DataConfig, splits: sources.Splits
+  cfg: DataConfig, splits: sources.Splits, primary: bool = True
 ) -> tuple[tuple[float, ...], tuple[float, ...], dict]:
   if cfg.image_mean is not None and cfg.image_std is not None:
     return cfg.image_mean, cfg.image_std, {}
-  indices = sources.spaced(splits.train, _IMAGE_STAT_EXAMPLES)
-  sample = (np.asarray(r["image"]) for _, r in features.read_records(splits.train, indices))
+  indices = list(sources.spaced(splits.train, _IMAGE_STAT_EXAMPLES))
+  records = features.read_records(splits.train, indices)
+  records = progress(records, len(indices), "image statistics", enabled=primary)
+  sample = (np.asarray(r["image"]) for _, r in records)
   mean, std = images.channel_stats(im if im.ndim == 3 else im[..., None] for im in sample)
   mean, std = cfg.image_mean or mean, cfg.image_std or std
   return mean, std, {"image_mean": mean, "image_std": std}

@@ -169,7 +169,12 @@ class Mask:
 
 @dataclasses.dataclass(frozen=True)
 class Classification:
-  """A record -> `inputs` [CLS] + text padded to T, `segment_ids`, `positions`, `label`."""
+  """A record -> `inputs` [CLS] + text (+ [SEP]) padded to T, `segment_ids`, `positions`,
+  `label`.
+
+  `sep_id` set: rows are `[CLS] text [SEP]` (BERT's pretraining rows; a truncated text
+  keeps its [SEP]); None: `[CLS] text`.
+  """
 
   tokenizer: Tokenizer
   seq_len: int
@@ -177,16 +182,18 @@ class Classification:
   label_key: str = "label"
   overlong: str = "truncate"
   source_name: str = ""
+  sep_id: int | None = None
 
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
     index, record = item
+    end = [] if self.sep_id is None else [[self.sep_id]]  # the parts after the text
     ids = self.tokenizer.encode_array(text_of(record, self.text_key))
     ids = packing.fit_length(
-      ids, self.seq_len - 1, self.overlong, where(self.source_name, index, record)
+      ids, self.seq_len - 1 - len(end), self.overlong, where(self.source_name, index, record)
     )
     if ids is None:
       return None
-    ids = np.concatenate([[self.tokenizer.cls_id], ids])
+    ids = np.concatenate([[self.tokenizer.cls_id], ids, *end])  # [<= T]
     ex = packing.pad_example({"inputs": ids}, {"inputs": self.seq_len})
     return {
       "inputs": ex["inputs"],

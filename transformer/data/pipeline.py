@@ -303,10 +303,14 @@ def classification_dataset(
   label_key: str = "label",
   source_name: str = "",
   loader: Loader = Loader(),
+  sep_id: int | None = None,
 ) -> grain.IterDataset:
-  """Text classification batches (keys inputs, segment_ids, positions, label), one text per row."""
+  """Text classification batches (keys inputs, segment_ids, positions, label), one text per
+  row: `[CLS] text`, or `[CLS] text [SEP]` where `sep_id` is set."""
   policy = loader.overlong if train else eval_policy(loader)
-  example = features.Classification(tokenizer, seq_len, text_key, label_key, policy, source_name)
+  example = features.Classification(
+    tokenizer, seq_len, text_key, label_key, policy, source_name, sep_id
+  )
   if not train:
     return eval_batches(records(source, loader).map(example), len(source), batch_size, loader)
   ds = shuffled(records(source, loader), seed, loader).map(example)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 from etils import epath
 
+from transformer.data import progress
 from transformer.data.files import write_atomic
 
 PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID, CLS_ID, SEP_ID = range(7)
@@ -203,25 +204,27 @@ class SentencePieceTokenizer(Tokenizer):
       raise ValueError(f"model_type must be 'unigram' or 'bpe', got {model_type!r}")
     lines = (line for t in texts for line in t.split("\n") if line.strip())
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-      sentence_iterator=lines,
-      model_writer=model,
-      vocab_size=vocab_size,
-      model_type=model_type,
-      pad_id=PAD_ID,
-      bos_id=BOS_ID,
-      eos_id=EOS_ID,
-      unk_id=UNK_ID,
-      user_defined_symbols=[*SPECIAL_TOKENS[MASK_ID:], "\n"],
-      character_coverage=1.0,
-      byte_fallback=vocab_size >= 1024 if byte_fallback is None else byte_fallback,
-      normalization_rule_name="identity",
-      remove_extra_whitespaces=False,
-      add_dummy_prefix=False,
-      hard_vocab_limit=False,
-      num_threads=num_threads,
-      minloglevel=2,
-    )
+    desc = f"training the SentencePiece tokenizer ({model_type}, vocab {vocab_size})"
+    with progress.Timed(desc):  # one native call: its start and its duration
+      spm.SentencePieceTrainer.train(
+        sentence_iterator=lines,
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        pad_id=PAD_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        unk_id=UNK_ID,
+        user_defined_symbols=[*SPECIAL_TOKENS[MASK_ID:], "\n"],
+        character_coverage=1.0,
+        byte_fallback=vocab_size >= 1024 if byte_fallback is None else byte_fallback,
+        normalization_rule_name="identity",
+        remove_extra_whitespaces=False,
+        add_dummy_prefix=False,
+        hard_vocab_limit=False,
+        num_threads=num_threads,
+        minloglevel=2,
+      )
     tok = cls(model.getvalue())
     if tok.vocab_size < vocab_size:
       logging.warning(

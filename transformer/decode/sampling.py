@@ -12,7 +12,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-__all__ = ["Sampling", "Select", "sample", "selector", "top_k_filter", "top_p_filter"]
+__all__ = ["Sampling", "Select", "argmax", "sample", "selector", "top_k_filter", "top_p_filter"]
 
 Select = Callable[[jax.Array, jax.Array], jax.Array]  # (logits [B, V], step i) -> [B]
 
@@ -75,9 +75,18 @@ def sample(
   return jax.random.categorical(rng, logits, axis=-1)
 
 
+def argmax(logits: jax.Array) -> jax.Array:
+  """`jnp.argmax(logits, -1)` (the first maximum; a NaN counts as the maximum), [..., V]
+  -> int32 [...], as two plain reductions: XLA:CPU runs argmax's paired (value, index)
+  reduction about 7x slower (docs/PERFORMANCE.md, "Decoding")."""
+  v = logits.shape[-1]
+  hit = (logits == logits.max(axis=-1, keepdims=True)) | jnp.isnan(logits)  # [..., V]
+  return jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1)
+
+
 def selector(sampling: Sampling | None) -> Select:
   """`select(logits [B, V], i) -> [B]`: argmax if `sampling` is None, else step i's draw."""
   if sampling is None:
-    return lambda logits, i: jnp.argmax(logits, axis=-1)
+    return lambda logits, i: argmax(logits)
   rng, temperature, top_k, top_p = sampling
   return lambda logits, i: sample(logits, jax.random.fold_in(rng, i), temperature, top_k, top_p)

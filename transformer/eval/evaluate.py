@@ -5,6 +5,15 @@ restores a checkpoint (the latest unless `step` is given) and computes the evalu
 metrics the training loop logs, over the same evaluation batches, plus what the run's task
 offers (`Task.evaluate`): text samples for LMs, corpus BLEU for translation, a confusion
 matrix for classifiers. Results are written to `eval_step_<N>.json` in the workdir.
+
+`ema=True` (`eval.py --ema`) evaluates the exponential moving average of the parameters
+that a run with `config.ema_decay` > 0 keeps in its checkpoints, in place of the trained
+parameters, for every metric; results go to `eval_step_<N>_ema.json`.
+
+`merge_lora=True` (`eval.py --merge_lora`, runs with `model.lora_rank` > 0): the task's
+evaluations (decoding: samples, BLEU; confusion matrices) run on the plain model with the
+adapters merged into its weights (`nn.lora.merge_lora`); the loss metrics are computed by
+the compiled step, on base + adapters (the same function up to float rounding).
 """
 
 from __future__ import annotations
@@ -18,8 +27,11 @@ import ml_collections
 from etils import epath
 
 from transformer.data.files import write_atomic
+from transformer.nn import lora
+from transformer.nn.models import build_model
 from transformer.tasks import EvalOptions, Run
 from transformer.train import checkpoints, experiment, setup
+from transformer.train.loop import ema_view
 from transformer.train.loop import evaluate as evaluate_loss
 from transformer.train.workdir import absolute, one_line
 
@@ -56,10 +68,19 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return config
 
 
-def restore(workdir: str, step: int | None = None) -> tuple[setup.Setup, Any, int]:
-  """The run's setup, the restored (host) train state and its step."""
+def restore(
+  workdir: str, step: int | None = None, ema: bool = False
+) -> tuple[setup.Setup, Any, int]:
+  """The run's setup, the restored (host) train state and its step.
+
+  `ema`: the run must keep an EMA of its parameters (checked before anything is built).
+  """
   workdir = absolute(workdir)
-  exp = experiment.validate(load_config(workdir))
+  exp = experiment.validate(load_config(workdir), workdir)
+  if ema and not exp.ema.enabled:
+    raise ValueError(
+      f"--ema: the run in {workdir} keeps no EMA of its parameters (its config.ema_decay is 0)"
+    )
   s = setup.build(exp, workdir)
   setup.check_same_model(workdir, s.model_cfg)
   ckpt_dir = os.path.join(workdir, "checkpoints")
@@ -67,9 +88,14 @@ def restore(workdir: str, step: int | None = None) -> tuple[setup.Setup, Any, in
     if not mgr.all_steps():
       raise FileNotFoundError(f"{ckpt_dir}: no checkpoint to evaluate")
     target = s.runner.state_target(jax.eval_shape(lambda: s.state))
-    restored = mgr.restore(target, step)
+    restored = mgr.restore(target, step, optional=("ema_params",))
   if restored is None:
     raise FileNotFoundError(f"{ckpt_dir}: no valid checkpoint to evaluate")
+  if ema and restored.state.ema_params is None:
+    raise ValueError(
+      f"--ema: checkpoint step {restored.step} in {ckpt_dir} was written before the run kept "
+      "an EMA of its parameters; evaluate a later step"
+    )
   return s, restored.state, restored.step
 
 
@@ -78,19 +104,37 @@ def evaluate(
   step: int | None = None,
   eval_batches: int | None = None,
   options: EvalOptions | None = None,
+  ema: bool = False,
+  merge_lora: bool = False,
 ) -> dict[str, Any]:
-  """Metrics of the checkpoint at `step` (default: latest) on the evaluation split."""
+  """Metrics of the checkpoint at `step` (default: latest) on the evaluation split.
+
+  `ema`: of the EMA of the parameters instead of the parameters (a run with ema_decay).
+  `merge_lora`: the task's evaluations on the adapters merged into the weights.
+  """
   options = options or EvalOptions()
   workdir = absolute(workdir)
-  s, state, step = restore(workdir, step)
+  if merge_lora and not experiment.validate(load_config(workdir), workdir).model.lora_rank:
+    raise ValueError(f"--merge_lora: the run in {workdir} has no LoRA adapters (lora_rank 0)")
+  s, state, step = restore(workdir, step, ema)
+  if ema:
+    state = ema_view(state)
   task = s.exp.task
   task.check_options(options, s.model_cfg, s.info.tokenizer)
   placed = s.runner.place_state(state) if s.runner.parallelism == "pmap" else state
   batches = s.exp.eval.eval_batches if eval_batches is None else eval_batches
-  metrics = evaluate_loss(s.runner, placed, s.eval_factory, batches)
+  metrics = evaluate_loss(s.runner, placed, s.eval_factory, batches, total=s.info.eval_batches)
   result: dict[str, Any] = {"step": step, "split": s.exp.data.eval_split, **metrics}
-  run = Run(s.model, state.params, s.info, s.eval_factory, batches, workdir, step)
+  if ema:
+    result["weights"] = "ema"
+  model, params = s.model, state.params
+  if merge_lora:
+    params, merged = lora.merge_lora(params, s.model.config)
+    model = build_model(merged)
+    result["lora"] = "merged"
+  run = Run(model, params, s.info, s.eval_factory, batches, workdir, step)
   result |= task.evaluate(run, options)
   if jax.process_index() == 0:
-    write_atomic(os.path.join(workdir, f"eval_step_{step}.json"), json.dumps(result, indent=2))
+    name = f"eval_step_{step}_ema.json" if ema else f"eval_step_{step}.json"
+    write_atomic(os.path.join(workdir, name), json.dumps(result, indent=2))
   return result

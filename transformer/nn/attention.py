@@ -2,8 +2,9 @@
 
 Letters: B batch, T query length, S key length, N query heads, K key/value heads,
 H head dim, D model dim. Masks come from `masks.MaskInfo`; the scores from
-`kernels.dot_product_attention`; position encodings that act inside attention (RoPE,
-ALiBi, Shaw, T5 bias) through the `positions.Position` hooks.
+`kernels.dot_product_attention` (while decoding: `cache_attention.attend`, over the cache
+in its layout); position encodings that act inside attention (RoPE, ALiBi, Shaw, T5 bias)
+through the `positions.Position` hooks.
 """
 
 from __future__ import annotations
@@ -15,12 +16,23 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from transformer.nn import cache_attention
 from transformer.nn.config import ModelConfig
 from transformer.nn.kernels import dot_product_attention
+from transformer.nn.layers import make_dense_general
 from transformer.nn.masks import MaskInfo
 from transformer.nn.partitioning import constrain
 from transformer.nn.positions import position_for
-from transformer.ops import select
+
+
+def _qk_norm(c: ModelConfig, name: str) -> nn.Module:
+  """RMSNorm over the head dim H with a learned scale [H] shared by the heads (Qwen3,
+  Gemma 3; ViT-22B uses LayerNorm there, OLMo 2 normalises all N*H features at once)."""
+  return nn.RMSNorm(epsilon=c.norm_eps, dtype=jnp.dtype(c.dtype), name=name)
+
+
+def _normed(project: nn.Module, norm: nn.Module, inputs: jax.Array) -> jax.Array:
+  return norm(project(inputs))  # [B, S, K, H]
 
 
 class MultiHeadAttention(nn.Module):
@@ -28,8 +40,12 @@ class MultiHeadAttention(nn.Module):
 
   K == N is MHA, K == 1 is MQA, anything between is GQA. Position encodings act in
   self-attention only, at the positions in `info`. With `decode=True` keys and values are
-  written to a 'cache' collection of length `config.max_len` at the cache index and
-  queries attend over the cache.
+  written to a 'cache' collection at the cache index and queries attend over the whole
+  cache (`cache_attention`: layout [B * K, S, H]; S = config.max_len as `model.init`
+  creates it, or the length the decoding loops resize it to); no attention dropout.
+  Cross-attention with `decode=True` projects `kv_input` once into the cache
+  ('cross_key', 'cross_value') and, given kv_input=None, reads them from it; its queries
+  may be r rows per cached source (beams), see `cache_attention.attend`.
   """
 
   config: ModelConfig
@@ -51,24 +67,23 @@ class MultiHeadAttention(nn.Module):
     position_table: the stack's shared position table (`Position.shared_table`), or None.
     """
     c = self.config
-    dtype = jnp.dtype(c.dtype)
     n, kv, h = c.num_heads, c.kv_heads, c.head_dim
-    dot_general = select(c.ops).dot_general
 
-    def proj(heads, name):
-      return nn.DenseGeneral(
-        (heads, h),
-        use_bias=c.qkv_biases,
-        dtype=dtype,
-        kernel_init=nn.initializers.xavier_uniform(),
-        dot_general=dot_general,
-        name=name,
-      )
+    def proj(heads, name):  # xavier-uniform [D, heads, H] (+ LoRA where targeted)
+      return make_dense_general(c, (heads, h), name, use_bias=c.qkv_biases)
 
-    kv_input = x if kv_input is None else kv_input
     q = constrain(proj(n, "query")(x), ("batch", "length", "heads", "head_dim"))  # [B, T, N, H]
-    k = constrain(proj(kv, "key")(kv_input), ("batch", "length", "kv_heads", "head_dim"))
-    v = constrain(proj(kv, "value")(kv_input), ("batch", "length", "kv_heads", "head_dim"))
+    key, value = proj(kv, "key"), proj(kv, "value")
+    if c.qk_norm:  # QK-norm: each head's query and key RMS-normalised over H, before RoPE
+      q = _qk_norm(c, "query_norm")(q)  # [B, T, N, H]
+      key = functools.partial(_normed, key, _qk_norm(c, "key_norm"))  # [B, S, D] -> [B, S, K, H]
+    kv_axes = ("batch", "length", "kv_heads", "head_dim")
+    if self.is_cross and decode:  # projected once per source, then read from the cache
+      k, v = self._source_cache(key, value, kv_input, kv_axes)  # [B * K, S, H] each
+    else:
+      kv_input = x if kv_input is None else kv_input
+      k = constrain(key(kv_input), kv_axes)  # [B, S, K, H]
+      v = constrain(value(kv_input), kv_axes)  # [B, S, K, H]
 
     bias = None
     if not self.is_cross:
@@ -76,44 +91,46 @@ class MultiHeadAttention(nn.Module):
       q = position.rotate(q, info.q_positions)  # [B, T, N, H]
       k = position.rotate(k, info.kv_positions)  # [B, S, K, H]
       if decode:
-        k, v, info = self._update_cache(k, v, info)
-      bias = position.bias(self, q, info, position_table)  # [B, N, T, S] or None
+        k, v, info = self._update_cache(k, v, info)  # the whole cache: [B * K, S, H] each
+      bias = position.bias(self, info, position_table)  # a BlockBias (built per block) or None
 
+    if decode and return_weights:
+      raise ValueError("attention weights are not returned while decoding")
     dropout_rng = None
-    if c.attention_dropout_rate > 0.0 and not deterministic:
+    if c.attention_dropout_rate > 0.0 and not deterministic and not decode:
       dropout_rng = self.make_rng("dropout")
-    result = dot_product_attention(
-      q,
-      k,
-      v,
-      mask_info=info,
-      bias=bias,
-      dropout_rate=c.attention_dropout_rate,
-      dropout_rng=dropout_rng,
-      deterministic=deterministic,
-      impl=c.attention_impl,
-      chunk_size=c.attention_chunk_size,
-      return_weights=return_weights,
-      ops=c.ops,
-      scale=c.attention_scale,
-    )
+    if decode:
+      result = cache_attention.attend(q, k, v, info, kv, bias, c.attention_scale)  # [B, T, N, H]
+    else:
+      result = dot_product_attention(
+        q,
+        k,
+        v,
+        mask_info=info,
+        bias=bias,
+        dropout_rate=c.attention_dropout_rate,
+        dropout_rng=dropout_rng,
+        deterministic=deterministic,
+        impl=c.attention_impl,
+        chunk_size=c.attention_chunk_size,
+        return_weights=return_weights,
+        ops=c.ops,
+        scale=c.attention_scale,
+        splash_blocks=(c.splash_block_q, c.splash_block_kv),
+      )
     out, weights = result if return_weights else (result, None)
     if return_weights:
       self.sow("intermediates", "attention_weights", weights)
-    return nn.DenseGeneral(
-      c.d_model,
-      axis=(-2, -1),
-      use_bias=c.use_bias,
-      dtype=dtype,
-      kernel_init=nn.initializers.xavier_uniform(),
-      dot_general=dot_general,
-      name="out",
-    )(out)  # [B, T, D]
+    out_proj = make_dense_general(c, c.d_model, "out", use_bias=c.use_bias, axis=(-2, -1))
+    return out_proj(out)  # [B, T, D]
 
   def _update_cache(self, k, v, info: MaskInfo):
-    """Writes k, v [B, T, K, H] at the cache index; returns the whole cache and its info.
+    """Writes k, v [B, T, K, H] at the cache index; returns the whole cache, [B * K, S, H]
+    each (`cache_attention` layout), and the info of the queries over it.
 
-    A prefix (prefix-LM) must arrive whole in one call, as the prompt of a prefill: its
+    S is the cache's own length: `model.init` creates config.max_len slots, the decoding
+    loops resize it (`cache_attention.resize`); writing past S is the caller's error. A
+    prefix (prefix-LM) must arrive whole in one call, as the prompt of a prefill: its
     keys past the call are not cached yet, and later calls' queries see earlier keys
     causally anyway.
     """
@@ -121,16 +138,17 @@ class MultiHeadAttention(nn.Module):
     b, t, kv, h = k.shape
     initialized = self.has_variable("cache", "cached_key")
     zeros = functools.partial(jnp.zeros, dtype=k.dtype)
-    cached_key = self.variable("cache", "cached_key", zeros, (b, c.max_len, kv, h))
-    cached_value = self.variable("cache", "cached_value", zeros, (b, c.max_len, kv, h))
+    cached_key = self.variable("cache", "cached_key", zeros, (b * kv, c.max_len, h))
+    cached_value = self.variable("cache", "cached_value", zeros, (b * kv, c.max_len, h))
     cached_pos = self.variable("cache", "cached_positions", jnp.zeros, (b, c.max_len), jnp.int32)
     cached_seg = self.variable("cache", "cached_segment_ids", jnp.zeros, (b, c.max_len), jnp.int32)
     index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
     if not initialized:  # Creating the cache (model.init): nothing to attend over yet.
-      return k, v, info
+      return cache_attention.to_cache_layout(k), cache_attention.to_cache_layout(v), info
     i = index.value
-    cached_key.value = lax.dynamic_update_slice(cached_key.value, k, (0, i, 0, 0))
-    cached_value.value = lax.dynamic_update_slice(cached_value.value, v, (0, i, 0, 0))
+    s = cached_key.value.shape[1]
+    cached_key.value = cache_attention.write(cached_key.value, k, i)  # [B * K, S, H]
+    cached_value.value = cache_attention.write(cached_value.value, v, i)  # [B * K, S, H]
     cached_pos.value = lax.dynamic_update_slice(
       cached_pos.value, info.q_positions.astype(jnp.int32), (0, i)
     )
@@ -141,9 +159,7 @@ class MultiHeadAttention(nn.Module):
     index.value = i + t
     kv_prefix = None
     if info.q_prefix is not None:
-      kv_prefix = lax.dynamic_update_slice(
-        jnp.zeros((b, c.max_len), bool), info.q_prefix, (0, i)
-      )  # [B, max_len]
+      kv_prefix = lax.dynamic_update_slice(jnp.zeros((b, s), bool), info.q_prefix, (0, i))  # [B, S]
     info = MaskInfo(
       q_positions=info.q_positions,
       kv_positions=cached_pos.value,
@@ -156,3 +172,25 @@ class MultiHeadAttention(nn.Module):
       kv_prefix=kv_prefix,
     )
     return cached_key.value, cached_value.value, info
+
+  def _source_cache(self, key, value, kv_input, kv_axes):
+    """Cross-attention keys and values while decoding, [B * K, S, H] each.
+
+    kv_input [B, S, D] (the encoder output): projected by `key` / `value` and kept in the
+    cache ('cross_key', 'cross_value'); None: read from the cache, projected before.
+    """
+    if kv_input is None:
+      if not self.has_variable("cache", "cross_key"):
+        raise ValueError("decoding cross-attention needs kv_input at the first call")
+      return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+    k = cache_attention.to_cache_layout(constrain(key(kv_input), kv_axes))  # [B * K, S, H]
+    v = cache_attention.to_cache_layout(constrain(value(kv_input), kv_axes))  # [B * K, S, H]
+    cached = self.has_variable("cache", "cross_key")
+    if cached and self.get_variable("cache", "cross_key").shape != k.shape:
+      raise ValueError(
+        f"the cache holds cross-attention keys {self.get_variable('cache', 'cross_key').shape},"
+        f" kv_input gives {k.shape}: build the cache for this batch and source length"
+      )
+    self.put_variable("cache", "cross_key", k)
+    self.put_variable("cache", "cross_value", v)
+    return k, v

@@ -17,6 +17,7 @@ from transformer.nn.attention import MultiHeadAttention
 from transformer.nn.config import ModelConfig
 from transformer.nn.layers import FeedForward, make_dropout, make_norm
 from transformer.nn.masks import MaskInfo
+from transformer.nn.moe import AUX_COLLECTION, MoEFeedForward
 from transformer.nn.partitioning import constrain
 from transformer.nn.positions import position_for
 
@@ -36,10 +37,14 @@ def residual(config: ModelConfig, x: jax.Array, sublayer, norm_name: str, determ
 
 
 class Block(nn.Module):
-  """Self-attention, optional cross-attention, feed-forward; each a residual sublayer."""
+  """Self-attention, optional cross-attention, feed-forward; each a residual sublayer.
+
+  `moe`: the feed-forward is a mixture of experts (`moe.MoEFeedForward`, named 'moe').
+  """
 
   config: ModelConfig
   cross_attention: bool = False
+  moe: bool = False
 
   @nn.compact
   def __call__(
@@ -67,11 +72,17 @@ class Block(nn.Module):
 
       def cross_attention(h):
         attn = MultiHeadAttention(c, is_cross=True, name="cross_attention")
-        return attn(h, encoded, cross_info, None, deterministic, False)
+        return attn(h, encoded, cross_info, None, deterministic, decode)
 
       x = residual(c, x, cross_attention, "cross_attention_norm", deterministic)
-    ffn = FeedForward(c, name="ffn")
-    x = residual(c, x, lambda h: ffn(h, deterministic), "ffn_norm", deterministic)
+    if self.moe:  # padding tokens (segment id 0) are routed nowhere
+      valid = None if info.q_segment_ids is None else info.q_segment_ids > 0  # [B, T]
+      moe = MoEFeedForward(c, name="moe")
+      feed_forward = lambda h: moe(h, valid, deterministic)
+    else:
+      ffn = FeedForward(c, name="ffn")
+      feed_forward = lambda h: ffn(h, deterministic)
+    x = residual(c, x, feed_forward, "ffn_norm", deterministic)
     return constrain(x, ("batch", "length", "embed"))  # [B, T, D]
 
 
@@ -84,7 +95,8 @@ class _ScanBlock(nn.Module):
 
   @nn.compact
   def __call__(self, x, *args):
-    return self.block(self.config, self.cross_attention, name="block")(x, *args), None
+    moe = self.config.moe_experts > 0  # scanned layers are alike: moe_every is 1
+    return self.block(self.config, self.cross_attention, moe, name="block")(x, *args), None
 
 
 class Stack(nn.Module):
@@ -116,7 +128,7 @@ class Stack(nn.Module):
     if c.scan_layers:
       scanned = nn.scan(
         _ScanBlock,
-        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        variable_axes={"params": 0, "cache": 0, "intermediates": 0, AUX_COLLECTION: 0},
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,) * len(args),
         length=self.num_layers,
@@ -124,7 +136,7 @@ class Stack(nn.Module):
       x, _ = scanned(c, block, self.cross_attention, name="layers")(x, *args)
     else:
       for i in range(self.num_layers):
-        x = block(c, self.cross_attention, name=f"layer_{i}")(x, *args)
+        x = block(c, self.cross_attention, c.is_moe_layer(i), name=f"layer_{i}")(x, *args)
     if c.norm_position == "pre":
       x = make_norm(c, "final_norm")(x)
     return x

@@ -10,13 +10,17 @@ family or a position encoding adds to validation lives with it (`models.FAMILIES
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, NoReturn
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
-ATTENTION_IMPLS = ("xla", "jax", "chunked")
+ATTENTION_IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
+CUDNN_DTYPES = ("bfloat16", "float16")  # cuDNN fused attention has no float32 kernels
+CUDNN_MAX_HEAD_DIM = 256  # Hopper and later (128 before; checked where a run starts)
+SPLASH_LANES = 128  # splash block sizes are multiples of the TPU lane count
 DTYPES = ("float32", "bfloat16", "float16")
 POOLINGS = ("cls", "mean")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
@@ -53,6 +57,7 @@ class ModelConfig:
   activation: str = "gelu"  # relu | gelu | gelu_tanh (GPT-2) | swiglu | geglu | geglu_tanh (T5)
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2: True); None = use_bias
+  qk_norm: bool = False  # RMSNorm of each query / key head over H (scale [H]), before RoPE
   dropout_rate: float = 0.0  # dropout on embeddings and residual branches
   attention_dropout_rate: float = 0.0  # dropout on attention weights
   tie_embeddings: bool = True  # logits through the input embedding (`Embed.attend`)
@@ -64,16 +69,35 @@ class ModelConfig:
   patch_size: int = 16  # ViT square patch side in pixels
   num_channels: int = 3  # ViT input channels
   pooling: str = "cls"  # ViT / classifier pooling: cls token or mean over positions
-  attention_impl: str = "xla"  # xla (einsum) | jax (jax.nn.dot_product_attention) | chunked
+  attention_impl: str = "auto"  # auto (backend's best) | xla | jax | chunked | cudnn | splash
   attention_chunk_size: int = 512  # query/key block size of the chunked implementation
+  splash_block_q: int = 512  # splash attention query block (TPU; a multiple of 128)
+  splash_block_kv: int = 512  # splash attention key/value block (TPU; a multiple of 128)
   attention_scale: float | None = None  # score multiplier; None = H**-0.5 (T5: 1.0, unscaled)
   sliding_window: int | None = None  # local attention: a query sees keys within this distance
   dtype: str = "float32"  # compute dtype; parameters stay float32
   scan_layers: bool = False  # nn.scan over layers (compile time flat in depth)
   remat_policy: str = "none"  # none | full | dots | dots_no_batch (nn.remat per layer)
   ops: str = "fast"  # fast (transformer.ops kernels for XLA:CPU) | plain (flax / lax ops)
+  # Mixture of experts (`moe.py`): the FFN of every moe_every-th layer becomes E experts.
+  moe_experts: int = 0  # experts E per MoE layer; 0 = dense feed-forward everywhere
+  moe_top_k: int = 2  # experts per token: 1 = Switch, 2 = GShard / Mixtral
+  moe_every: int = 1  # layers moe_every-1, 2*moe_every-1, ... of each stack are MoE
+  moe_capacity_factor: float | None = None  # slots ceil(f*K*T/E) per expert and row, tokens
+  # beyond dropped (GShard order); None = dropless (jax.lax.ragged_dot)
+  moe_balance_loss: float = 0.01  # weight of E * sum_i f_i P_i per MoE layer (Switch)
+  moe_router_z_loss: float = 0.001  # weight of mean(logsumexp(logits)^2) per layer (ST-MoE)
+  # LoRA (`lora.py`, Hu et al. 2021): y = W x + alpha/r B A x on the matching projections.
+  lora_rank: int = 0  # adapter rank r; 0 = no adapters
+  lora_alpha: float = 16.0  # the adapter's output is scaled by alpha / r
+  lora_targets: tuple[str, ...] = ("query", "value")  # regexes on projection paths (re.search)
+  lora_trainable: tuple[str, ...] = ("^(pooler|classifier|head)/",)  # parameter-path regexes
+  # trained fully beside the adapters (new heads); every other base weight is frozen
 
   def __post_init__(self):
+    for field in ("lora_targets", "lora_trainable"):  # JSON gives lists
+      if isinstance(getattr(self, field), list):
+        object.__setattr__(self, field, tuple(getattr(self, field)))
     _validate(self)
 
   def replace(self, **changes: Any) -> ModelConfig:
@@ -106,6 +130,10 @@ class ModelConfig:
   @property
   def gated(self) -> bool:
     return self.activation in GATED_ACTIVATIONS
+
+  def is_moe_layer(self, index: int) -> bool:
+    """Whether layer `index` (0-based, within its stack) has a mixture-of-experts FFN."""
+    return self.moe_experts > 0 and (index + 1) % self.moe_every == 0
 
 
 def fail(field: str, value: Any, rule: str) -> NoReturn:
@@ -151,6 +179,8 @@ def _validate(c: ModelConfig) -> None:
       fail(field, value, "must be in [0, 1)")
   if c.qkv_bias is not None and not isinstance(c.qkv_bias, bool):
     fail("qkv_bias", c.qkv_bias, "must be True, False or None (= use_bias)")
+  if not isinstance(c.qk_norm, bool):
+    fail("qk_norm", c.qk_norm, "must be True or False")
   if c.norm_eps <= 0:
     fail("norm_eps", c.norm_eps, "must be > 0")
   if c.attention_head_dim is None and c.d_model % c.num_heads:
@@ -161,7 +191,92 @@ def _validate(c: ModelConfig) -> None:
     fail("rope_theta", c.rope_theta, "must be > 0")
   if c.attention_chunk_size <= 0:
     fail("attention_chunk_size", c.attention_chunk_size, "must be > 0")
+  for field in ("splash_block_q", "splash_block_kv"):
+    value = getattr(c, field)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value % SPLASH_LANES:
+      fail(field, value, f"must be a positive multiple of {SPLASH_LANES}")
+  if c.attention_impl in ("cudnn", "splash"):
+    problem = fused_attention_problem(c, c.attention_impl)
+    if problem:
+      fail("attention_impl", c.attention_impl, f"{problem}; use 'auto'")
   if c.attention_scale is not None and not c.attention_scale > 0:
     fail("attention_scale", c.attention_scale, "must be > 0 or None (H**-0.5)")
+  _validate_moe(c)
+  _validate_lora(c)
   POSITIONS[c.position](c).validate()
   FAMILIES[c.family].validate(c)
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+def _validate_moe(c: ModelConfig) -> None:
+  if not _is_int(c.moe_experts) or c.moe_experts < 0:
+    fail("moe_experts", c.moe_experts, "must be an integer >= 0 (0 = dense feed-forward)")
+  for field in ("moe_balance_loss", "moe_router_z_loss"):
+    value = getattr(c, field)
+    if not _is_number(value) or value < 0:
+      fail(field, value, "must be a number >= 0")
+  if not c.moe_experts:
+    return
+  if not _is_int(c.moe_top_k) or not 1 <= c.moe_top_k <= c.moe_experts:
+    fail("moe_top_k", c.moe_top_k, f"must be an integer in [1, moe_experts={c.moe_experts}]")
+  if not _is_int(c.moe_every) or not 1 <= c.moe_every <= c.num_layers:
+    fail("moe_every", c.moe_every, f"must be an integer in [1, num_layers={c.num_layers}]")
+  if c.scan_layers and c.moe_every != 1:
+    fail("moe_every", c.moe_every, "must be 1 with scan_layers=True (scanned layers are alike)")
+  f = c.moe_capacity_factor
+  if f is not None and (not _is_number(f) or not f > 0):
+    fail("moe_capacity_factor", f, "must be a number > 0, or None (dropless)")
+
+
+def _validate_lora(c: ModelConfig) -> None:
+  if not _is_int(c.lora_rank) or c.lora_rank < 0:
+    fail("lora_rank", c.lora_rank, "must be an integer >= 0 (0 = no adapters)")
+  if not _is_number(c.lora_alpha) or not c.lora_alpha > 0:
+    fail("lora_alpha", c.lora_alpha, "must be a number > 0")
+  for field in ("lora_targets", "lora_trainable"):
+    patterns = getattr(c, field)
+    if not isinstance(patterns, tuple) or not all(isinstance(p, str) for p in patterns):
+      fail(field, patterns, "must be a tuple of regular expressions (strings)")
+    for pattern in patterns:
+      try:
+        re.compile(pattern)
+      except re.error as e:
+        fail(field, patterns, f"pattern {pattern!r} is not a regular expression ({e})")
+  if c.lora_rank and not c.lora_targets:
+    fail("lora_targets", c.lora_targets, "must name at least one projection when lora_rank > 0")
+
+
+def fused_attention_problem(c: ModelConfig, impl: str) -> str | None:
+  """Why the fused kernel `impl` ('cudnn' or 'splash') cannot run config `c`, or None.
+
+  What the backend decides (a GPU or TPU present, cuDNN's head-dim limit before Hopper)
+  is checked where a run starts, `kernels.resolve_attention_impl`.
+  """
+  name = {"cudnn": "cuDNN attention", "splash": "splash attention"}[impl]
+  if c.attention_dropout_rate > 0.0:
+    return f"{name} has no attention dropout (attention_dropout_rate={c.attention_dropout_rate})"
+  if impl == "cudnn":
+    if c.dtype not in CUDNN_DTYPES:
+      return f"{name} needs dtype {' or '.join(CUDNN_DTYPES)}, got {c.dtype!r}"
+    if c.head_dim % 8 or c.head_dim > CUDNN_MAX_HEAD_DIM:
+      return (
+        f"{name} needs a head dim that is a multiple of 8 and <= {CUDNN_MAX_HEAD_DIM},"
+        f" got {c.head_dim}"
+      )
+  if impl == "splash" and adds_logit_bias(c):
+    return f"{name} takes no logit bias and position={c.position!r} adds one"
+  return None
+
+
+def adds_logit_bias(c: ModelConfig) -> bool:
+  """Whether the position encoding adds a bias to the attention logits (ALiBi, T5, Shaw)."""
+  from transformer.nn.positions import POSITIONS, Position
+
+  return POSITIONS[c.position].bias is not Position.bias

@@ -17,12 +17,14 @@ def norm_params(c: ModelConfig) -> int:
 
 
 def attention_params(c: ModelConfig, is_cross: bool = False) -> int:
-  """Projections (+ biases) of one attention layer, + its position parameters (self only)."""
+  """Projections (+ biases, + QK-norm scales) of one attention layer, + its position
+  parameters (self-attention only)."""
   q_out, kv_out = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
   weights = c.d_model * q_out + 2 * c.d_model * kv_out + q_out * c.d_model
   biases = (q_out + 2 * kv_out if c.qkv_biases else 0) + (c.d_model if c.use_bias else 0)
+  qk_norm = 2 * c.head_dim if c.qk_norm else 0  # the query and key norms' scales [H]
   # Position parameters exist in self-attention only (cross-attention has no positions).
-  return weights + biases + (0 if is_cross else position_for(c).attention_params())
+  return weights + biases + qk_norm + (0 if is_cross else position_for(c).attention_params())
 
 
 def ffn_params(c: ModelConfig) -> int:
@@ -32,12 +34,20 @@ def ffn_params(c: ModelConfig) -> int:
   return weights + biases
 
 
+def moe_params(c: ModelConfig) -> int:
+  """A mixture-of-experts FFN: the router [D, E] and E copies of the FFN."""
+  return c.d_model * c.moe_experts + c.moe_experts * ffn_params(c)
+
+
 def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
-  """A `Stack`: its layers, the pre-LN final norm and its shared position table."""
+  """A `Stack`: its layers (dense or mixture-of-experts FFN), the pre-LN final norm and
+  its shared position table."""
   attention = attention_params(c) + (attention_params(c, is_cross=True) if cross else 0)
-  per_layer = (2 + cross) * norm_params(c) + attention + ffn_params(c)
+  per_layer = (2 + cross) * norm_params(c) + attention
+  moe_layers = sum(c.is_moe_layer(i) for i in range(layers))
+  body = layers * per_layer + moe_layers * moe_params(c) + (layers - moe_layers) * ffn_params(c)
   final_norm = norm_params(c) if c.norm_position == "pre" else 0
-  return layers * per_layer + final_norm + position_for(c).stack_params()
+  return body + final_norm + position_for(c).stack_params()
 
 
 def embedder_params(c: ModelConfig) -> int:
@@ -45,17 +55,30 @@ def embedder_params(c: ModelConfig) -> int:
   return position_for(c).embedding_params()
 
 
-def layer_flops(c: ModelConfig, seq_len: int, cross: bool = False) -> int:
-  """Forward matmul FLOPs per token of one block (self-attention, + cross, + FFN)."""
+def layer_flops(c: ModelConfig, seq_len: int, cross: bool = False, moe: bool = False) -> int:
+  """Forward matmul FLOPs per token of one block (self-attention, + cross, + FFN).
+
+  `moe`: the FFN is a mixture of experts; its active FLOPs are the router's and those of
+  the K experts a token is sent to (capacity slots left empty are not counted)."""
   d, qh = c.d_model, c.num_heads * c.head_dim
   attn_proj = 2 * (d * qh + 2 * d * c.kv_heads * c.head_dim + qh * d)
   ffn = 2 * ((2 if c.gated else 1) * d * c.d_ff + c.d_ff * d)
+  if moe:
+    ffn = 2 * d * c.moe_experts + c.moe_top_k * ffn
   scores = 4 * seq_len * qh
   return attn_proj + ffn + scores + ((attn_proj + scores) if cross else 0)
 
 
+def stack_flops(c: ModelConfig, layers: int, seq_len: int, cross: bool = False) -> int:
+  """Forward matmul FLOPs per token of a `Stack` of `layers` blocks (MoE layers' active)."""
+  return sum(layer_flops(c, seq_len, cross, c.is_moe_layer(i)) for i in range(layers))
+
+
 def param_count(c: ModelConfig) -> int:
-  """Exact number of parameters of the model `c` builds (see tests/test_param_count.py)."""
+  """Exact number of parameters of the model `c` builds (see tests/test_param_count.py).
+
+  LoRA adapters (`lora_rank` > 0) are not counted: this is the model they merge into
+  (`lora.merge_lora`); `lora.adapter_params(params)` counts them."""
   from transformer.nn.models import FAMILIES  # the families import this module
 
   return FAMILIES[c.family].param_count(c)
@@ -68,7 +91,9 @@ def flops_per_token(
 
   Counts every projection, the feed-forward, the output logits (or classifier) and the
   attention score and value products (4 * T * N * H per layer and token, the PaLM convention;
-  causal masking is not subtracted). Norms, softmax and elementwise work are excluded.
+  neither causal masking nor a sliding window is subtracted). Norms, softmax and elementwise
+  work are excluded. A mixture-of-experts layer counts its active FLOPs (router + top-k
+  experts, `layer_flops`).
   `mlm_predictions`: the encoder's MLM head runs at that many of every `seq_len` positions
   (the train step's `mlm_max_predictions`) instead of all of them.
   """

@@ -1,4 +1,4 @@
-"""Scaled dot-product attention: one function, three implementations that agree.
+"""Scaled dot-product attention: one function, five implementations that agree.
 
 Letters: B batch, T query length, S key length, N query heads, K key/value heads,
 G = N // K query heads per key/value head, H head dim.
@@ -9,11 +9,28 @@ broadcastable to [B, N, T, S]:
 
   'xla'      einsum + float32 softmax; the reference, supports everything. With the
              'fast' ops, causal self-attention runs by query blocks (`ops.causal_blocks`).
-  'jax'      `jax.nn.dot_product_attention` (cuDNN flash attention on GPU); falls back
-             to 'xla' when attention dropout is active or weights are requested.
+  'jax'      `jax.nn.dot_product_attention` with its default (XLA) implementation; falls
+             back to 'xla' when attention dropout is active or weights are requested.
   'chunked'  online softmax over [chunk x chunk] blocks (Rabe & Staats 2021; the
              FlashAttention recurrence); memory grows linearly with length when the mask
-             comes from a `MaskInfo` (no dense [T, S] mask or bias).
+             comes from a `MaskInfo` and the bias from a `BlockBias` (both built per
+             block: no dense [T, S] mask or bias).
+  'cudnn'    cuDNN flash attention on NVIDIA GPUs (`_cudnn_attention`): causal and its
+             window as the API's own arguments, segment ids / prefix / bidirectional
+             window as a dense mask; bfloat16 or float16, head dim a multiple of 8 and
+             <= 256 (128 before Hopper), any logit bias (in the compute dtype).
+  'splash'   the Pallas splash kernel on TPUs (`splash.py`): causal, windows, segment ids,
+             MHA / GQA / MQA, sharded per device under a mesh; no logit bias.
+  'auto'     per call: 'cudnn' on an NVIDIA GPU, 'splash' on a TPU, where the call
+             allows it (on the GPU also no logit bias), else 'xla'; on the CPU 'xla'.
+             Runs resolve it once at start, `resolve_attention_impl`.
+
+Neither fused kernel has attention dropout (refused in one line, as is a missing GPU or
+TPU, or an input the kernel rejects). Both use 'xla' where they cannot apply: weights
+requested (`return_weights`), cached decoding (a query offset known only at run time),
+and for splash also a dense `mask` or a prefix-LM mask. A query row that sees no key
+(cross-attention with padding) gets uniform weights over the keys its blocks visit in the
+fused kernels, over all S in the others.
 """
 
 from __future__ import annotations
@@ -26,11 +43,20 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformer.nn.masks import MaskInfo, combine_masks
+from transformer.nn import splash
+from transformer.nn.config import (
+  CUDNN_DTYPES,
+  CUDNN_MAX_HEAD_DIM,
+  ModelConfig,
+  adds_logit_bias,
+  fused_attention_problem,
+)
+from transformer.nn.masks import BlockBias, MaskInfo, combine_masks
 from transformer.ops import select
 from transformer.ops.causal_blocks import causal_block_attention, slice_broadcast
 
-IMPLS = ("xla", "jax", "chunked")
+IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
+FUSED = ("cudnn", "splash")  # the kernels a backend must provide
 
 # Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -43,7 +69,7 @@ def dot_product_attention(
   *,
   mask: jax.Array | None = None,
   mask_info: MaskInfo | None = None,
-  bias: jax.Array | None = None,
+  bias: jax.Array | BlockBias | None = None,
   dropout_rate: float = 0.0,
   dropout_rng: jax.Array | None = None,
   deterministic: bool = True,
@@ -52,6 +78,7 @@ def dot_product_attention(
   return_weights: bool = False,
   ops: str = "fast",
   scale: float | None = None,
+  splash_blocks: tuple[int, int] = (512, 512),
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
   """softmax(scale * q k^T + bias, masked) v, scale = 1 / sqrt(H) unless given.
 
@@ -60,25 +87,39 @@ def dot_product_attention(
     mask: optional bool, broadcastable to [B, N, T, S], True = attend.
     mask_info: optional factored mask (AND-ed with `mask`); the chunked path builds it
       block by block.
-    bias: optional float additive bias broadcastable to [B, N, T, S].
+    bias: optional float additive bias broadcastable to [B, N, T, S], or a `BlockBias`
+      (position biases) that the chunked path builds block by block at the `mask_info`
+      positions and the others build whole.
     dropout_rate, dropout_rng, deterministic: dropout on the attention weights.
-    impl: 'xla' | 'jax' | 'chunked'.
+    impl: 'xla' | 'jax' | 'chunked' | 'cudnn' | 'splash' | 'auto' (the module docstring
+      says what each supports and where it uses 'xla' instead).
     return_weights: also return the weights [B, N, T, S] (computed by 'xla').
     ops: 'fast' | 'plain' kernels (`transformer.ops`): dropout masks, causal query blocks.
     scale: the score multiplier; None = H**-0.5 (T5 uses 1.0).
+    splash_blocks: (query, key) block sizes of 'splash', multiples of 128.
   Returns:
     [B, T, N, H] in q's dtype (and the float32 weights if asked).
   """
   if q.shape[2] % k.shape[2]:
     raise ValueError(f"query heads {q.shape[2]} must be a multiple of kv heads {k.shape[2]}")
   if impl not in IMPLS:
-    raise ValueError(f"unknown attention impl {impl!r}; expected xla, jax or chunked")
+    raise ValueError(f"unknown attention impl {impl!r}; expected one of {', '.join(IMPLS)}")
   use_dropout = dropout_rate > 0.0 and not deterministic
   if use_dropout and dropout_rng is None:
     raise ValueError("attention dropout needs a dropout_rng")
   kernels = select(ops)
   rate = dropout_rate if use_dropout else 0.0
   scale = q.shape[-1] ** -0.5 if scale is None else scale
+  impl = _call_impl(impl, q, k, mask, mask_info, bias, use_dropout, return_weights)
+  if impl == "splash":
+    block_q, block_kv = splash_blocks
+    return splash.splash_attention(
+      q, k, v, mask_info, scale=scale, block_q=block_q, block_kv=block_kv
+    )
+  if isinstance(bias, BlockBias) and (impl != "chunked" or return_weights):
+    bias = bias.dense(q, mask_info)  # [B|1, N, T, S] float32
+  if impl == "cudnn":
+    return _cudnn_attention(q, k, v, mask, mask_info, bias, scale)
   if impl == "chunked" and not return_weights:
     return _chunked_attention(
       q, k, v, mask, mask_info, bias, rate, dropout_rng, chunk_size, scale, kernels.bernoulli
@@ -93,6 +134,166 @@ def dot_product_attention(
   if blocks > 1:
     return causal_block_attention(attend, q, k, v, mask, bias, rate, dropout_rng, blocks)
   return attend(q, k, v, mask, bias, rate, dropout_rng, return_weights=return_weights)
+
+
+def resolve_attention_impl(config: ModelConfig) -> tuple[str, str]:
+  """The implementation a run of `config` uses on this backend, and why (a line to print).
+
+  'auto' becomes 'cudnn' on an NVIDIA GPU and 'splash' on a TPU where the config allows
+  it (`config.fused_attention_problem`; on the GPU also no logit bias, which cuDNN would
+  add in the compute dtype, and this GPU's head-dim limit), else 'xla' (always on the
+  CPU). An explicit 'cudnn' or 'splash' whose backend is missing is a one-line
+  `ValueError`, raised here before anything compiles. Other choices stay as configured.
+  """
+  impl, platform = config.attention_impl, jax.default_backend()
+  if impl in FUSED:
+    problem = _backend_problem(impl, platform, config.head_dim)
+    if problem:
+      raise ValueError(f"ModelConfig.attention_impl={impl!r}: {problem}; use 'auto'")
+    return impl, f"as configured, backend {platform}"
+  if impl != "auto":
+    return impl, "as configured"
+  fused = {"gpu": "cudnn", "tpu": "splash"}.get(platform)
+  if fused is None:
+    return "xla", f"auto, backend {platform}"
+  problem = fused_attention_problem(config, fused) or _backend_problem(
+    fused, platform, config.head_dim
+  )
+  if fused == "cudnn" and problem is None and adds_logit_bias(config):
+    problem = f"position={config.position!r} adds a logit bias (kept in float32 by 'xla')"
+  if problem:
+    return "xla", f"auto, backend {platform}; not {fused}: {problem}"
+  return fused, f"auto, backend {platform}"
+
+
+def _call_impl(impl, q, k, mask, mask_info, bias, use_dropout, return_weights) -> str:
+  """The implementation this call runs: 'auto' resolved for the call, a fused kernel's
+  missing backend or unsupported input refused in one line, and its fallbacks to 'xla'
+  (weights requested, cached decoding; for splash also a dense mask or a prefix)."""
+  platform = jax.default_backend()
+  if impl == "auto":
+    fused = {"gpu": "cudnn", "tpu": "splash"}.get(platform)
+    usable = fused is not None and not (fused == "cudnn" and bias is not None)
+    usable = usable and _backend_problem(fused, platform, q.shape[-1]) is None
+    if usable and _input_problem(fused, q, bias, use_dropout) is None:
+      impl = fused
+    else:
+      return "xla"
+  if impl not in FUSED:
+    return impl
+  problem = _backend_problem(impl, platform, q.shape[-1]) or _input_problem(
+    impl, q, bias, use_dropout
+  )
+  if problem:
+    raise ValueError(f"attention_impl={impl!r}: {problem}")
+  if return_weights or _decoding(mask_info, q.shape[1], k.shape[1]):
+    return "xla"
+  if impl == "splash" and (mask is not None or _has_prefix(mask_info)):
+    return "xla"
+  return impl
+
+
+def _backend_problem(impl: str, platform: str, head_dim: int) -> str | None:
+  """Why this backend cannot run the fused kernel `impl`, or None."""
+  if impl == "splash":
+    if splash.available(platform):
+      return None
+    return f"splash attention needs a TPU (Pallas), and this run's backend is {platform}"
+  capability = _cuda_capability() if platform == "gpu" else None
+  if capability is None:
+    return f"cuDNN attention needs an NVIDIA GPU, and this run's backend is {platform}"
+  if capability < (9, 0) and head_dim > 128:
+    return f"cuDNN attention before Hopper takes head dims <= 128, got {head_dim}"
+  return None
+
+
+def _input_problem(impl: str, q: jax.Array, bias, use_dropout: bool) -> str | None:
+  """Why the fused kernel `impl` cannot take this call's inputs, or None."""
+  name = {"cudnn": "cuDNN attention", "splash": "splash attention"}[impl]
+  if use_dropout:
+    return f"{name} has no attention dropout"
+  if impl == "splash" and bias is not None:
+    return f"{name} takes no logit bias"
+  h = q.shape[-1]
+  if impl == "cudnn" and jnp.dtype(q.dtype).name not in CUDNN_DTYPES:
+    return f"{name} needs {' or '.join(CUDNN_DTYPES)} inputs, got {jnp.dtype(q.dtype).name}"
+  if impl == "cudnn" and (h % 8 or h > CUDNN_MAX_HEAD_DIM):
+    return f"{name} needs a head dim that is a multiple of 8 and <= {CUDNN_MAX_HEAD_DIM}, got {h}"
+  return None
+
+
+def _cuda_capability() -> tuple[int, int] | None:
+  """The first GPU's CUDA compute capability, or None when it is not an NVIDIA GPU."""
+  try:
+    major, minor = str(jax.devices("gpu")[0].compute_capability).split(".")[:2]
+    return int(major), int(minor)
+  except (RuntimeError, AttributeError, ValueError):
+    return None
+
+
+def _starts_at_key_zero(info: MaskInfo, t: int, s: int) -> bool:
+  """Whether query 0 sits at key index 0 (q_offset 0), as the fused kernels' static masks
+  assume. Cached decoding sets q_offset to the cache index, a traced value; `nn.remat`
+  traces the 0 of a full pass as well. A traced offset counts as 0 when T == S: the cache
+  holds max_len keys, and a call whose queries fill it starts at index 0."""
+  offset = info.q_offset
+  if isinstance(offset, jax.core.Tracer):
+    return t == s
+  return int(offset) == 0
+
+
+def _has_prefix(info: MaskInfo | None) -> bool:
+  return info is not None and info.q_prefix is not None
+
+
+def _decoding(info: MaskInfo | None, t: int, s: int) -> bool:
+  """A causal or windowed mask whose query offset the fused kernels cannot take."""
+  if info is None or not (info.causal or info.window is not None):
+    return False
+  return not _starts_at_key_zero(info, t, s)
+
+
+def _cudnn_attention(q, k, v, mask, mask_info, bias, scale) -> jax.Array:
+  """cuDNN flash attention, `jax.nn.dot_product_attention(implementation='cudnn')`.
+
+  Causal attention and its window are the API's own `is_causal` / `local_window_size`
+  (cuDNN skips the masked blocks). The API has no segment ids, so segments (packing,
+  padding), a prefix-LM mask, a bidirectional window (cuDNN's window is causal-only) and
+  a dense `mask` go as a dense [B, 1, T, S] mask, which cuDNN adds as a bias. A logit
+  bias is cast to the compute dtype. With a mask or bias and an odd length, one query
+  and / or key is appended and hidden: cuDNN's backward with a bias needs even lengths.
+  """
+  t, s = q.shape[1], k.shape[1]
+  is_causal, window = False, None
+  if mask_info is not None:
+    if mask_info.causal and mask_info.q_prefix is None:
+      is_causal = True
+      window = None if mask_info.window is None else (mask_info.window - 1, 0)
+      mask_info = mask_info.replace(causal=False, window=None)  # the segments remain
+    mask = combine_masks(mask, mask_info.block_mask())  # [B|1, 1, T, S] or None
+  if bias is not None:
+    bias = bias.astype(q.dtype)  # [B|1, N|1, T, S]
+  if (mask is not None or bias is not None) and (t % 2 or s % 2):
+    tp, sp = t + t % 2, s + s % 2
+    q = _pad_axis(q, 1, tp, 0)  # [B, Tp, N, H]
+    k, v = _pad_axis(k, 1, sp, 0), _pad_axis(v, 1, sp, 0)  # [B, Sp, K, H]
+    key_ok = (jnp.arange(sp) < s)[None, None, None, :]  # [1, 1, 1, Sp]
+    if mask is not None:
+      mask = _pad_axis(_pad_axis(jnp.asarray(mask, bool), 2, tp, True), 3, sp, False)
+    mask = combine_masks(mask, key_ok)  # [B|1, 1, Tp, Sp]
+    bias = _pad_axis(_pad_axis(bias, 2, tp, 0), 3, sp, 0)
+  out = jax.nn.dot_product_attention(
+    q,
+    k,
+    v,
+    bias=bias,
+    mask=mask,
+    scale=scale,
+    is_causal=is_causal,
+    local_window_size=window,
+    implementation="cudnn",
+  )  # [B, Tp, N, H]
+  return out[:, :t].astype(q.dtype)  # [B, T, N, H]
 
 
 def _xla_attention(
@@ -142,7 +343,15 @@ def _chunked_attention(
   qc, kc = min(chunk, t), min(chunk, s)
   nq, nk = math.ceil(t / qc), math.ceil(s / kc)
   tp, sp = nq * qc, nk * kc
-  q = _pad_axis(q, 1, tp, 0) * jnp.asarray(scale, q.dtype)
+  block_bias, q_pos, kv_pos = None, None, None
+  if isinstance(bias, BlockBias):  # built per block at the (padded) MaskInfo positions
+    if mask_info is None:
+      raise ValueError("a BlockBias needs mask_info: it is built at the MaskInfo positions")
+    block_bias, bias = bias, None
+    q_pos = _pad_axis(mask_info.q_positions, 1, tp, 0)  # [B, tp]
+    kv_pos = _pad_axis(mask_info.kv_positions, 1, sp, 0)  # [B, sp]
+  q_unscaled = _pad_axis(q, 1, tp, 0)  # [B, tp, N, H]: what a query-dependent bias reads
+  q = q_unscaled * jnp.asarray(scale, q.dtype)
   k, v = _pad_axis(k, 1, sp, 0), _pad_axis(v, 1, sp, 0)
   mask = _pad_axis(_pad_axis(mask, 2, tp, False), 3, sp, False)
   bias = _pad_axis(_pad_axis(bias, 2, tp, 0.0), 3, sp, 0.0)
@@ -157,6 +366,10 @@ def _chunked_attention(
 
   @jax.checkpoint
   def one_query_block(qi, q_blk):
+    if block_bias is not None:
+      q_unscaled_blk = lax.dynamic_slice_in_dim(q_unscaled, qi * qc, qc, axis=1)  # [B, qc, N, H]
+      q_pos_blk = lax.dynamic_slice_in_dim(q_pos, qi * qc, qc, axis=1)  # [B, qc]
+
     def step(carry, kj):
       out, row_max, denom = carry
       k_blk = lax.dynamic_slice_in_dim(k, kj * kc, kc, axis=1)  # [B, kc, K, H]
@@ -168,6 +381,9 @@ def _chunked_attention(
         logits = logits + slice_broadcast(
           slice_broadcast(bias, 2, qi * qc, qc), 3, kj * kc, kc
         ).astype(jnp.float32)
+      if block_bias is not None:
+        kv_pos_blk = lax.dynamic_slice_in_dim(kv_pos, kj * kc, kc, axis=1)  # [B, kc]
+        logits = logits + block_bias(q_unscaled_blk, q_pos_blk, kv_pos_blk).astype(jnp.float32)
       block_mask = slice_broadcast(slice_broadcast(mask, 2, qi * qc, qc), 3, kj * kc, kc)
       if mask_info is not None:
         block_mask = combine_masks(block_mask, mask_info.block_mask(qi * qc, qc, kj * kc, kc))

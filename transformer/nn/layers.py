@@ -2,7 +2,9 @@
 
 Letters: B batch, T length, D model dim, F feed-forward hidden dim, V vocabulary.
 Parameters are float32; computation runs in `config.dtype` (norm statistics in float32).
-Dense layers and dropout take their kernels from `transformer.ops` (`config.ops`).
+Dense layers and dropout take their kernels from `transformer.ops` (`config.ops`); with
+`config.lora_rank` > 0 they are `LoRADense` / `LoRADenseGeneral`, which add a low-rank
+adapter where their path matches `config.lora_targets` (`lora.py`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.nn import lora
 from transformer.nn.config import ModelConfig
 from transformer.nn.positions import position_for
 from transformer.ops import select
@@ -37,6 +40,27 @@ def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
   return NORMS[config.norm](config, name)
 
 
+class LoRADense(nn.Dense):
+  """`nn.Dense` plus a LoRA adapter when its path matches `lora_config.lora_targets`."""
+
+  lora_config: ModelConfig | None = None
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    return lora.adapt(self, self.lora_config, inputs, super().__call__(inputs), 1)
+
+
+class LoRADenseGeneral(nn.DenseGeneral):
+  """`nn.DenseGeneral` plus a LoRA adapter when its path matches `lora_config.lora_targets`."""
+
+  lora_config: ModelConfig | None = None
+
+  @nn.compact
+  def __call__(self, inputs: jax.Array) -> jax.Array:
+    in_dims = len(self.axis) if isinstance(self.axis, tuple) else 1
+    return lora.adapt(self, self.lora_config, inputs, super().__call__(inputs), in_dims)
+
+
 def make_dense(
   config: ModelConfig,
   features: int,
@@ -49,13 +73,38 @@ def make_dense(
 
   use_bias: None = `config.use_bias` (the projections); heads pass their own.
   """
-  return nn.Dense(
+  extra = {"lora_config": config} if config.lora_rank else {}
+  return (LoRADense if config.lora_rank else nn.Dense)(
     features,
     use_bias=config.use_bias if use_bias is None else use_bias,
     dtype=compute_dtype(config),
     kernel_init=kernel_init,
     dot_general=select(config.ops).dot_general,
     name=name,
+    **extra,
+  )
+
+
+def make_dense_general(
+  config: ModelConfig,
+  features: int | tuple[int, ...],
+  name: str,
+  *,
+  use_bias: bool,
+  axis: int | tuple[int, ...] = -1,
+) -> nn.DenseGeneral:
+  """A projection contracting `axis` of x into `features` (the attention heads'
+  [D] -> [N, H] and [N, H] -> [D]), xavier-uniform kernels, on the `config.ops` contraction."""
+  extra = {"lora_config": config} if config.lora_rank else {}
+  return (LoRADenseGeneral if config.lora_rank else nn.DenseGeneral)(
+    features,
+    axis=axis,
+    use_bias=use_bias,
+    dtype=compute_dtype(config),
+    kernel_init=DENSE_INIT,
+    dot_general=select(config.ops).dot_general,
+    name=name,
+    **extra,
   )
 
 

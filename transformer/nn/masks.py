@@ -1,12 +1,15 @@
-"""Attention masks: dense mask helpers and `MaskInfo`, the factored mask built per block.
+"""Attention masks: dense mask helpers and `MaskInfo`, the factored mask built per block;
+`BlockBias`, a position bias built per block the same way.
 
-Letters: B batch, T query length, S key length. Masks are boolean, True = may attend,
-broadcastable to [B, N, T, S].
+Letters: B batch, T query length, S key length, N heads, H head dim. Masks are boolean,
+True = may attend, broadcastable to [B, N, T, S].
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from typing import Any
 
 import flax.struct
 import jax
@@ -143,3 +146,33 @@ class MaskInfo:
       kv_seg = lax.dynamic_slice_in_dim(self.kv_segment_ids, kv_start, kv_len, axis=1)
       mask = mask & segment_mask(q_seg, kv_seg)
     return mask
+
+
+@flax.struct.dataclass
+class BlockBias:
+  """An additive logit bias given by positions, so any (query block, key block) of it can
+  be built on its own: the chunked attention builds it block by block (memory linear in
+  length), the other implementations once over every position (`dense`). One definition
+  serves both.
+
+  fn(params, q, q_positions, kv_positions) -> float32 [B|1, N, t, s], with q [B, t, N, H]
+  the block's queries (unscaled; read only by query-dependent terms, Shaw's) and positions
+  [B, t], [B, s] (those of `MaskInfo`: restarted per packed segment, cache positions while
+  decoding). `params` (a pytree: T5's table, Shaw's embeddings) is an argument, not a
+  closure, so the bias passes through `jax.jit` and gradients reach it.
+  """
+
+  fn: Callable[[Any, jax.Array, jax.Array, jax.Array], jax.Array] = flax.struct.field(
+    pytree_node=False
+  )
+  params: Any = None
+
+  def __call__(self, q: jax.Array, q_positions: jax.Array, kv_positions: jax.Array) -> jax.Array:
+    """The bias of queries q [B, t, N, H] at q_positions [B, t] over keys at [B, s]."""
+    return self.fn(self.params, q, q_positions, kv_positions)
+
+  def dense(self, q: jax.Array, info: MaskInfo | None) -> jax.Array:
+    """The whole bias [B|1, N, T, S] at the positions of `info`."""
+    if info is None:
+      raise ValueError("a BlockBias needs mask_info: it is built at the MaskInfo positions")
+    return self(q, info.q_positions, info.kv_positions)

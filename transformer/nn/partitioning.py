@@ -1,11 +1,13 @@
 """Logical axis names for every parameter, and rules mapping them onto a device mesh.
 
-The mesh has three named axes (sizes from config.mesh):
+The mesh has four named axes (sizes from config.mesh):
 
   data    pure data parallelism: the batch is split, parameters are replicated
   fsdp    the batch is split AND parameters / optimizer state are sharded over 'embed'
           (ZeRO-3 / FSDP: XLA all-gathers weights where they are used)
   tensor  Megatron-style tensor parallelism over heads, the FFN hidden dim and the vocab
+  expert  expert parallelism: mixture-of-experts weights are split by expert, and the
+          batch is split too (outside the experts it is one more data axis)
 
 Each parameter gets logical axis names from its path (`LOGICAL_AXES`, first match wins;
 a parameter no pattern matches is an error, so a new layer cannot silently go
@@ -19,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -28,10 +30,16 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from transformer.nn.tree import path_str
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 # (pattern on the '/'-joined parameter path, logical axes of the parameter's dimensions).
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
+  (r"moe/router/kernel$", ("embed", None)),  # mixture of experts (nn/moe.py), [D, E]
+  (r"moe/(wi|wi_0|wi_1)/kernel$", ("expert", "embed", "mlp")),
+  (r"moe/(wi|wi_0|wi_1)/bias$", ("expert", "mlp")),
+  (r"moe/wo/kernel$", ("expert", "mlp", "embed")),
+  (r"moe/wo/bias$", ("expert", None)),
+  (r"lora_(a|b)$", (None, None)),  # LoRA adapters (nn/lora.py): small, replicated
   (r"(query)/kernel$", ("embed", "heads", "head_dim")),
   (r"(key|value)/kernel$", ("embed", "kv_heads", "head_dim")),
   (r"(query)/bias$", ("heads", "head_dim")),
@@ -50,13 +58,16 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
   (r"(mlm_transform|pooler)/kernel$", ("embed", None)),
   (r"(classifier|head)/kernel$", ("embed", None)),
   (r"(rel_embedding|rel_key_embedding)$", (None, None)),
+  (r"(query_norm|key_norm)/scale$", ("head_dim",)),  # QK-norm: one scale per head dim
   (r"(norm[^/]*)/(scale|bias)$", ("embed",)),
   (r"(out|wo|patch_embed|mlm_transform|pooler|classifier|head)/bias$", (None,)),
 )
 
 # Logical axis -> mesh axis (or axes, or None = replicated).
 RULES: dict[str, str | tuple[str, ...] | None] = {
-  "batch": ("data", "fsdp"),
+  "batch": ("data", "fsdp", "expert"),
+  "expert": "expert",  # mixture-of-experts weights and the expert dim of routed tokens
+  "expert_batch": ("data", "fsdp"),  # the rows of the tokens routed to the experts
   "embed": "fsdp",
   "heads": "tensor",
   "kv_heads": "tensor",
@@ -86,7 +97,7 @@ def logical_axes(params: Any) -> Any:
 
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence | None = None) -> Mesh:
-  """A ('data', 'fsdp', 'tensor') mesh; one size may be -1 (all remaining devices).
+  """A (data, fsdp, tensor, expert) mesh; one size may be -1 (all remaining devices).
 
   Built by `jax.make_mesh`, which orders the devices by the physical topology (TPU slices,
   GPUs of several hosts) so that neighbouring mesh positions are well-connected devices.
@@ -202,3 +213,44 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
   mesh, rules = layout
   spec = spec_for(axes, tuple(x.shape), mesh, rules)
   return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+# ----------------------------------------------------------------------------------------
+# Kernels that must see their shard: shard_map over the active layout's mesh.
+
+
+def active_layout() -> tuple[Mesh, Mapping | None] | None:
+  """The (mesh, rules) of the enclosing `activation_layout`, or None outside one."""
+  return _LAYOUT.get()
+
+
+def map_shards(
+  fn: Callable[..., jax.Array],
+  args: Sequence[jax.Array | None],
+  in_axes: Sequence[tuple[str | None, ...] | None],
+  out_axes: tuple[str | None, ...],
+) -> jax.Array:
+  """fn(*args) computed shard by shard (`jax.shard_map`) on the active layout's mesh.
+
+  Each array is split by its logical axes (`spec_for`: the rules, indivisible dimensions
+  replicated); the one output has the shape of args[0] and is laid out by `out_axes`.
+  None arguments reach fn as None. fn sees the shard's shapes, so a kernel that is built
+  for its shapes (splash attention) is built per shard. Outside an `activation_layout`
+  (single device, tests, decoding) it is fn(*args).
+  """
+  layout = _LAYOUT.get()
+  if layout is None:
+    return fn(*args)
+  mesh, rules = layout
+  present = [i for i, a in enumerate(args) if a is not None]
+  specs = tuple(spec_for(in_axes[i], tuple(args[i].shape), mesh, rules) for i in present)
+  out_spec = spec_for(out_axes, tuple(args[0].shape), mesh, rules)
+
+  def body(*arrays):
+    full = list(args)
+    for i, a in zip(present, arrays, strict=True):
+      full[i] = a
+    return fn(*full)
+
+  mapped = jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=out_spec, check_vma=False)
+  return mapped(*(args[i] for i in present))

@@ -29,7 +29,9 @@ def causal_query_blocks(t: int, s: int, mask_info: Any) -> int:
     return 1
   if t != s or t < 2 * CAUSAL_BLOCK:
     return 1
-  if not isinstance(mask_info.q_offset, int) or mask_info.q_offset != 0:
+  # A traced offset (`nn.remat` traces the 0 of a full pass) counts as 0 here: with T == S
+  # queries start at key 0, since a cache of S keys holds no earlier ones.
+  if isinstance(mask_info.q_offset, int) and mask_info.q_offset != 0:
     return 1
   blocks = min(4, t // CAUSAL_BLOCK)
   while t % blocks:

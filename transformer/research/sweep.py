@@ -1,4 +1,4 @@
-"""Hyperparameter sweeps: every point of a config's `sweep()` as its own train.py run.
+"""Hyperparameter sweeps: every point of a config's `sweep()` as a Ray Tune trial.
 
 A config file may define, beside `get_config(arg=None)`,
 
@@ -6,35 +6,48 @@ A config file may define, beside `get_config(arg=None)`,
     return [{"schedule.learning_rate": lr} for lr in (3e-4, 1e-3)]
 
 a list of override dicts (a grid, or a seeded random set: the list must be the same on
-every call for resuming to work). Then
+every call for resuming to work), and/or
 
-  python -m transformer.research.sweep --config configs/X.py[:arg] --workdir DIR \
-      [--parallel N] [--dry_run] [--override a.b=value ...] [--metric loss]
+  def search_space():     # or search_space(arg)
+    from ray import tune  # inside the function: training itself does not need Ray
+    return {"schedule.learning_rate": tune.loguniform(1e-4, 1e-2)}
 
-runs `train.py --config configs/X.py --workdir DIR/<point> --config.a.b=value ...` for each
-point (N at a time, output in DIR/<point>/train.log), skips points that already finished
-(DIR/<point>/done, written after a run exits 0), and writes DIR/results.csv,
-DIR/results.md (overrides, status and final evaluation metrics), DIR/sweep.png (the final
-eval `--metric` per point) and DIR/curves.png (all runs' curves overlaid). `--dry_run`
-prints one command per point (to launch on a cluster) and runs nothing; `--override`
-applies to every point.
+Tune distributions (or constants) over config field paths, sampled by `--search random`
+(seeded; drawn before the sweep starts) or `--search tpe` (Optuna's TPE sampler). Then
+
+  python -m transformer.sweep --config configs/X.py[:arg] --workdir DIR [--cpus_per_trial 1]
+      [--address HOST:PORT] [--scheduler asha] [--search grid|random|tpe --num_samples N]
+
+runs each point as a Tune trial (`research/tune_sweep.py`) on a local Ray instance started
+for the sweep (or on the cluster at `--address`): the ordinary training run
+`python -m transformer.train_main --config configs/X.py --workdir DIR/<point>
+--config.a.b=value ...` in its own process (output in DIR/<point>/train.log), its
+evaluations reported to Tune as they are written, so `--scheduler asha` stops poor points
+early (SIGTERM: the run saves a checkpoint). A finished run gets DIR/<point>/done.
+Rerunning the same command after a kill restores the Tune experiment in DIR/tune: finished
+trials are kept, interrupted ones resume their training runs from their checkpoints.
+
+Afterwards: DIR/results.csv, DIR/results.md (overrides, status and final evaluation
+metrics), DIR/sweep.png (the final `--metric` per point) and DIR/curves.png (all runs'
+curves overlaid). `--dry_run` prints one command per point (to launch elsewhere) and runs
+nothing; `--override` applies to every point. Bad input ends in one line naming it.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import hashlib
 import importlib.util
 import inspect
 import io
+import json
 import os
 import re
 import shlex
-import subprocess
 import sys
-import tempfile
-import time
 from collections.abc import Mapping, Sequence
+from types import ModuleType
 from typing import Any
 
 from etils import epath
@@ -48,25 +61,42 @@ from transformer.train.metric_writers import (
   save_png,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TRAIN_PY = os.path.join(REPO, "train.py")
-DONE = "done"
+DONE = "done"  # in DIR/<point>: the training run finished
+EXPERIMENT = "tune"  # DIR/tune: the Tune experiment (trial states, searcher, results)
+SEARCHES = ("grid", "random", "tpe")
+SCHEDULERS = ("fifo", "asha")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.,=+-]")
+_METRIC = re.compile(r"^[A-Za-z0-9_]+/[A-Za-z0-9_]+$")
+_MAX_NAME = 150  # longer point names are cut and end in a hash (file names stay short)
+_INSTALL = "pip install -c requirements-lock.txt -e '.[sweep]'"
 
 
-def load_sweep(config: str) -> list[dict[str, Any]]:
-  """The override dicts of `sweep()` in the config file `config` ('path.py[:arg]')."""
+def load_module(config: str) -> tuple[ModuleType, str | None]:
+  """The config file of `config` ('path.py[:arg]') as a module, and its arg."""
   path, _, arg = config.partition(":")
   if not os.path.isfile(path):
     raise ValueError(f"--config: no such file {path!r}")
   spec = importlib.util.spec_from_file_location("_sweep_config", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  return module, arg or None
+
+
+def _call(fn: Any, arg: str | None) -> Any:
+  return fn(arg) if inspect.signature(fn).parameters else fn()
+
+
+def load_sweep(config: str) -> list[dict[str, Any]]:
+  """The override dicts of `sweep()` in the config file `config` ('path.py[:arg]')."""
+  module, arg = load_module(config)
+  return sweep_points(module, arg, config.partition(":")[0])
+
+
+def sweep_points(module: ModuleType, arg: str | None, path: str) -> list[dict[str, Any]]:
   fn = getattr(module, "sweep", None)
   if fn is None:
     raise ValueError(f"{path}: defines no sweep() function")
-  points = fn(arg or None) if inspect.signature(fn).parameters else fn()
-  points = [dict(p) for p in points]
+  points = [dict(p) for p in _call(fn, arg)]
   if not points:
     raise ValueError(f"{path}: sweep() returned no points")
   names = [point_name(p) for p in points]
@@ -75,11 +105,44 @@ def load_sweep(config: str) -> list[dict[str, Any]]:
   return points
 
 
+def search_space(module: ModuleType, arg: str | None, path: str) -> dict[str, Any]:
+  """`search_space()` of the config module: {field path: Tune distribution or constant}."""
+  fn = getattr(module, "search_space", None)
+  if fn is None:
+    raise ValueError(f"{path}: defines no search_space() function (needed by --search)")
+  try:
+    space = _call(fn, arg)
+  except ImportError as e:  # `from ray import tune` without Ray
+    raise ValueError(f"{path}: search_space() needs Ray Tune ({e}): {_INSTALL}") from None
+  if not isinstance(space, Mapping) or not space:
+    raise ValueError(f"{path}: search_space() must return a non-empty dict; got {space!r}")
+  for key, value in space.items():
+    if not isinstance(key, str):
+      raise ValueError(f"{path}: search_space() keys are config field paths; got {key!r}")
+    if isinstance(value, Mapping) and "grid_search" in value:
+      raise ValueError(f"{path}: search_space() {key!r}: a grid belongs in sweep()")
+  return dict(space)
+
+
+def check_fields(config: Any, keys: Sequence[str], source: str) -> None:
+  """Raises ValueError naming the first of `keys` ('a.b.c') that is not a field of `config`."""
+  for key in keys:
+    node = config
+    for i, part in enumerate(key.split(".")):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(key.split(".")[:i]) or "the config"
+        raise ValueError(f"{source}: {key!r} is not a config field ({where} has no {part!r})")
+      node = node[part]
+
+
 def point_name(overrides: Mapping[str, Any]) -> str:
   """A directory name for one point: 'schedule.learning_rate=0.001,model.num_layers=4'."""
   if not overrides:
     return "default"
-  return _UNSAFE.sub("_", ",".join(f"{k}={_value(v)}" for k, v in overrides.items()))
+  name = _UNSAFE.sub("_", ",".join(f"{k}={_value(v)}" for k, v in overrides.items()))
+  if len(name) > _MAX_NAME:
+    name = name[: _MAX_NAME - 13] + "-" + hashlib.sha1(name.encode()).hexdigest()[:12]
+  return name
 
 
 def _value(v: Any) -> str:
@@ -89,8 +152,8 @@ def _value(v: Any) -> str:
 def train_command(
   config: str, workdir: str, overrides: Mapping[str, Any], python: str = sys.executable
 ) -> list[str]:
-  """The train.py command line of one point."""
-  cmd = [python, TRAIN_PY, f"--config={config}", f"--workdir={workdir}"]
+  """The training command line of one point (`python -m transformer.train_main ...`)."""
+  cmd = [python, "-m", "transformer.train_main", f"--config={config}", f"--workdir={workdir}"]
   return cmd + [f"--config.{k}={_value(v)}" for k, v in overrides.items()]
 
 
@@ -98,91 +161,29 @@ def is_done(point_dir: str) -> bool:
   return epath.Path(point_dir, DONE).is_file()
 
 
-def final_eval(point_dir: str) -> dict[str, Any]:
-  """The last evaluation record of a run's metrics.jsonl ({} when there is none)."""
+def final_evals(point_dir: str) -> dict[str, dict[str, Any]]:
+  """{split: its last record} of every evaluation split of a run's metrics.jsonl."""
   path = os.path.join(point_dir, JSONL_NAME)
   if not epath.Path(path).is_file():
     return {}
-  evals = [r for r in read_jsonl(path) if r.get("split") == "eval"]
-  return max(evals, key=lambda r: r.get("step", -1)) if evals else {}
+  last: dict[str, dict[str, Any]] = {}
+  for record in read_jsonl(path):
+    split = record.get("split")
+    if split and split != "train" and record.get("step", -1) >= last.get(split, {}).get("step", -1):
+      last[split] = record
+  return last
 
 
-def run_points(
-  config: str,
-  workdir: str,
-  points: Sequence[Mapping[str, Any]],
-  parallel: int = 1,
-  common: Mapping[str, Any] | None = None,
-) -> dict[str, str]:
-  """Runs the unfinished points, `parallel` at a time; returns {name: status}.
-
-  Status: 'skipped' (finished before), 'done', or 'failed (rc N)'.
-  """
-  status: dict[str, str] = {}
-  pending = []
-  for point in points:
-    name = point_name(point)
-    point_dir = os.path.join(workdir, name)
-    if is_done(point_dir):
-      status[name] = "skipped"
-      print(f"[sweep] {name}: finished before, skipped", flush=True)
-    else:
-      pending.append((name, point_dir, {**(common or {}), **point}))
-  env = dict(os.environ)
-  if parallel > 1:  # several runs on one accelerator must not each grab its memory
-    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-  running: dict[str, tuple[subprocess.Popen, Any, str]] = {}
-  while pending or running:
-    while pending and len(running) < parallel:
-      name, point_dir, overrides = pending.pop(0)
-      log = open(_local_log(point_dir), "a", encoding="utf-8")  # noqa: SIM115
-      cmd = train_command(config, point_dir, overrides)
-      print(f"[sweep] {name}: {shlex.join(cmd[1:])}", flush=True)
-      proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-      running[name] = (proc, log, point_dir)
-    time.sleep(0.2)
-    for name, (proc, log, point_dir) in list(running.items()):
-      rc = proc.poll()
-      if rc is None:
-        continue
-      log.close()
-      _upload_log(log.name, point_dir)
-      del running[name]
-      if rc == 0:
-        write_atomic(os.path.join(point_dir, DONE), f"{time.time():.0f}\n")
-        status[name] = "done"
-      else:
-        status[name] = f"failed (rc {rc})"
-      print(f"[sweep] {name}: {status[name]} (log: {point_dir}/train.log)", flush=True)
-  return status
-
-
-def _local_log(point_dir: str) -> str:
-  """Where a point's train.log is written while it runs: in the point's folder, or, on
-  object storage (which cannot append), a local file uploaded when the point ends."""
-  if is_remote(point_dir):
-    fd, path = tempfile.mkstemp(prefix="train-", suffix=".log")
-    os.close(fd)
-    return path
-  os.makedirs(point_dir, exist_ok=True)
-  return os.path.join(point_dir, "train.log")
-
-
-def _upload_log(local: str, point_dir: str) -> None:
-  """Object storage: appends the local log of a finished point to its train.log."""
-  if not is_remote(point_dir):
-    return
-  remote = epath.Path(point_dir, "train.log")
-  before = remote.read_bytes() if remote.exists() else b""
-  with open(local, "rb") as f:
-    write_atomic(remote, before + f.read())
-  os.remove(local)
+def final_eval(point_dir: str) -> dict[str, Any]:
+  """The last evaluation record of a run's metrics.jsonl ({} when there is none)."""
+  return final_evals(point_dir).get("eval", {})
 
 
 def results_table(
   workdir: str, points: Sequence[Mapping[str, Any]], status: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
-  """One row per point: name, its overrides, status and the final eval metrics."""
+  """One row per point: name, its overrides, status, the final step and the last value of
+  every evaluation metric (`eval_loss`; other splits as `<split>_<name>`)."""
   keys = list(dict.fromkeys(k for p in points for k in p))
   rows = []
   for point in points:
@@ -192,9 +193,10 @@ def results_table(
     row.update({k: point.get(k, "") for k in keys})
     state = (status or {}).get(name) or ("done" if is_done(point_dir) else "not run")
     row["status"] = state
-    last = final_eval(point_dir)
-    row["step"] = last.get("step", "")
-    row.update({f"eval_{k}": v for k, v in last.items() if k not in ("step", "split")})
+    evals = final_evals(point_dir)
+    row["step"] = evals.get("eval", {}).get("step", "")
+    for split, record in sorted(evals.items(), key=lambda kv: kv[0] != "eval"):
+      row.update({f"{split}_{k}": v for k, v in record.items() if k not in ("step", "split")})
     rows.append(row)
   return rows
 
@@ -224,6 +226,12 @@ def to_markdown(rows: Sequence[Mapping[str, Any]]) -> str:
   return "\n".join(lines)
 
 
+def metric_column(metric: str) -> str:
+  """The table column of a metric: 'eval/loss' -> 'eval_loss' ('loss' means 'eval/loss')."""
+  split, sep, key = metric.partition("/")
+  return f"{split}_{key}" if sep else f"eval_{metric}"
+
+
 def plot_metric(
   rows: Sequence[Mapping[str, Any]],
   swept: Sequence[str],
@@ -232,9 +240,10 @@ def plot_metric(
   width_px: int = 800,
   height_px: int = 500,
 ) -> str | None:
-  """Final eval `metric` per point: against the swept value when one numeric key varies
-  (log x when it spans 100x or more), else one bar per point. None when no point has it."""
-  key = f"eval_{metric}"
+  """Final `metric` ('eval/loss') per point: against the swept value when one numeric key
+  varies (log x when it spans 100x or more), else one bar per point. None when no point
+  has it."""
+  key = metric_column(metric)
   done = [r for r in rows if isinstance(r.get(key), (int, float))]
   if not done:
     return None
@@ -252,7 +261,8 @@ def plot_metric(
     ax.bar(range(len(done)), [r[key] for r in done])
     ax.set_xticks(range(len(done)), [r["point"] for r in done], rotation=30, ha="right")
     ax.tick_params(axis="x", labelsize=7)
-  ax.set(ylabel=f"final eval {metric}", title=f"final eval {metric} per point")
+  label = metric if "/" in metric else f"eval/{metric}"
+  ax.set(ylabel=f"final {label}", title=f"final {label} per point")
   ax.grid(alpha=0.3)
   fig.tight_layout()
   return save_png(fig, out_png)
@@ -262,7 +272,7 @@ def write_results(
   workdir: str,
   points: Sequence[Mapping[str, Any]],
   status: Mapping[str, str] | None = None,
-  metric: str = "loss",
+  metric: str = "eval/loss",
 ) -> dict[str, Any]:
   """results.csv, results.md, sweep.png and curves.png in `workdir`; returns the paths."""
   rows = results_table(workdir, points, status)
@@ -293,39 +303,167 @@ def _parse_override(text: str) -> tuple[str, str]:
   return key.removeprefix("config."), value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-  parser = argparse.ArgumentParser(
-    prog="python -m transformer.research.sweep",
+def _parse_resources(text: str) -> dict[str, float]:
+  try:
+    value = json.loads(text)
+  except ValueError:
+    value = None
+  ok = isinstance(value, dict) and all(
+    isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+    for k, v in value.items()
+  )
+  if not ok:
+    raise argparse.ArgumentTypeError(
+      f'expected a JSON object of resource amounts >= 0, e.g. {{"cpu": 1, "TPU": 4}}; got {text!r}'
+    )
+  return {k: float(v) for k, v in value.items()}
+
+
+class _Parser(argparse.ArgumentParser):
+  """Bad flags end in one line (no usage block; --help has it)."""
+
+  def error(self, message: str):
+    self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _parser() -> argparse.ArgumentParser:
+  p = _Parser(
+    prog="python -m transformer.sweep",
     description=__doc__,
     formatter_class=argparse.RawDescriptionHelpFormatter,
   )
-  parser.add_argument("--config", required=True, help="configs/X.py[:arg] defining sweep()")
-  parser.add_argument("--workdir", required=True, help="sweep directory (one sub-workdir a point)")
-  parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
-  parser.add_argument("--dry_run", action="store_true", help="print the commands, run nothing")
-  parser.add_argument("--metric", default="loss", help="final eval metric of the plot")
-  parser.add_argument(
-    "--override", type=_parse_override, action="append", default=[],
-    help="a.b=value applied to every point (repeatable)",
-  )  # fmt: skip
-  args = parser.parse_args(argv)
-  if args.parallel < 1:
-    parser.error(f"--parallel must be >= 1; got {args.parallel}")
+  add = p.add_argument
+  add("--config", required=True, help="configs/X.py[:arg] defining sweep() / search_space()")
+  add("--workdir", required=True, help="sweep directory (DIR/<point> per trial, DIR/tune)")
+  add("--dry_run", action="store_true", help="print the training commands, run nothing")
+  add("--override", type=_parse_override, action="append", default=[],
+      help="a.b=value applied to every point (repeatable)")  # fmt: skip
+  add("--search", choices=SEARCHES, default=None,
+      help="grid: the sweep() points (default when sweep() exists); random / tpe: "
+           "--num_samples points from search_space()")  # fmt: skip
+  add("--num_samples", type=int, default=None, help="random / tpe: points (default 10)")
+  add("--seed", type=int, default=0, help="random / tpe: sampler seed")
+  add("--metric", default="eval/loss",
+      help="split/name the scheduler, TPE and plot use (a bare name: eval/name)")  # fmt: skip
+  add("--mode", choices=("min", "max"), default="min", help="whether --metric is minimised")
+  add("--scheduler", choices=SCHEDULERS, default="fifo", help="asha: stop poor trials early")
+  add("--grace_period", type=int, default=None,
+      help="asha: steps before a trial can be stopped (default: the first evaluation)")  # fmt: skip
+  add("--reduction_factor", type=float, default=2.0, help="asha: 1/fraction kept per rung")
+  add("--parallel", type=int, default=0, help="most trials at a time (0: as resources allow)")
+  add("--cpus_per_trial", type=float, default=1.0, help="CPUs reserved per trial")
+  add("--gpus_per_trial", type=float, default=0.0, help="GPUs reserved per trial")
+  add("--resources_per_trial", type=_parse_resources, default=None,
+      help='JSON resources per trial, over the two above: \'{"cpu": 1, "TPU": 4}\'')  # fmt: skip
+  add("--address", default=None,
+      help="an existing Ray cluster (HOST:PORT, ray://HOST:PORT or auto); default: a "
+           "local instance started for the sweep")  # fmt: skip
+  add("--num_cpus", type=int, default=None, help="local instance: CPUs (default: all)")
+  add("--connect_timeout", type=float, default=10.0, help="--address: seconds to reach it")
+  add("--max_failures", type=int, default=0, help="retries of a failed trial (it resumes)")
+  return p
+
+
+def _plan(args: argparse.Namespace, module: ModuleType, arg: str | None) -> dict[str, Any]:
+  """What the sweep runs: the search, its points or space, checked against the config."""
+  path = args.config.partition(":")[0]
+  if not (hasattr(module, "sweep") or hasattr(module, "search_space")):
+    raise ValueError(f"{path}: defines neither sweep() nor search_space()")
+  search = args.search or ("grid" if hasattr(module, "sweep") else "random")
+  common = dict(args.override)
+  if search == "grid" and args.num_samples is not None:
+    raise ValueError("--num_samples applies to --search random|tpe, not to the sweep() grid")
+  num_samples = 10 if args.num_samples is None else args.num_samples
+  if num_samples < 1:
+    raise ValueError(f"--num_samples must be >= 1; got {num_samples}")
+  if not hasattr(module, "get_config"):
+    raise ValueError(f"{path}: defines no get_config() function")
+  base = _call(module.get_config, arg)
+  check_fields(base, list(common), "--override")
+  plan: dict[str, Any] = {"search": search, "common": common, "num_samples": num_samples}
+  if search == "grid":
+    plan["points"] = sweep_points(module, arg, path)
+    for point in plan["points"]:
+      check_fields(base, list(point), f"{path}: sweep()")
+  else:
+    plan["space"] = search_space(module, arg, path)
+    check_fields(base, list(plan["space"]), f"{path}: search_space()")
+  plan["num_train_steps"] = _as_int(
+    common.get("num_train_steps", base.num_train_steps), "num_train_steps"
+  )
+  steps = [plan["num_train_steps"]]
+  steps += [
+    _as_int(p["num_train_steps"], "num_train_steps")
+    for p in plan.get("points", [])
+    if "num_train_steps" in p
+  ]
+  plan["max_steps"] = max(steps)
+  every = _as_int(common.get("eval_every", base.eval_every), "eval_every")
+  plan["grace_period"] = args.grace_period or min(every or plan["max_steps"], plan["max_steps"])
+  return plan
+
+
+def _as_int(value: Any, what: str) -> int:
   try:
-    points = load_sweep(args.config)
+    return int(value)
+  except (TypeError, ValueError):
+    raise ValueError(f"{what}: expected an integer; got {value!r}") from None
+
+
+def _tune_sweep():
+  """The Ray side (`research/tune_sweep.py`), or ValueError when Ray Tune is not installed."""
+  try:
+    from transformer.research import tune_sweep
+  except ImportError as e:
+    raise ValueError(f"sweeps run on Ray Tune, which is not installed ({e}): {_INSTALL}") from None
+  return tune_sweep
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = _parser()
+  args = parser.parse_args(argv)
+  for name in ("parallel", "max_failures"):
+    if getattr(args, name) < 0:
+      parser.error(f"--{name} must be >= 0; got {getattr(args, name)}")
+  if args.cpus_per_trial < 0 or args.gpus_per_trial < 0:
+    parser.error("--cpus_per_trial and --gpus_per_trial must be >= 0")
+  if "/" not in args.metric:  # a bare name, as before splits were named: the eval split
+    args.metric = f"eval/{args.metric}"
+  if not _METRIC.match(args.metric):
+    parser.error(
+      f"--metric must be split/name as the loop logs it (eval/loss); got {args.metric!r}"
+    )
+  if args.address is not None and args.num_cpus is not None:
+    parser.error("--num_cpus sizes the local Ray instance; a cluster at --address has its own")
+  if args.reduction_factor <= 1:
+    parser.error(f"--reduction_factor must be > 1; got {args.reduction_factor}")
+  try:
+    module, arg = load_module(args.config)
+    plan = _plan(args, module, arg)
+    if plan["search"] == "random":  # drawn now: the points the sweep runs
+      plan["points"] = _tune_sweep().random_points(plan["space"], args.seed, plan["num_samples"])
+    elif plan["search"] == "tpe" and args.dry_run:
+      plan["points"] = _tune_sweep().tpe_points(plan["space"], args, plan["num_samples"])
+    if plan["grace_period"] < 1 or plan["grace_period"] > plan["max_steps"]:
+      raise ValueError(f"--grace_period must be in [1, {plan['max_steps']}] (steps)")
   except ValueError as e:
     parser.exit(1, f"error: {e}\n")
-  common = dict(args.override)
   workdir = args.workdir.rstrip("/") if is_remote(args.workdir) else os.path.abspath(args.workdir)
+  config = _trial_config_path(args.config)
   if args.dry_run:
-    for point in points:
-      cmd = train_command(args.config, os.path.join(workdir, point_name(point)),
-                          {**common, **point}, python="python")  # fmt: skip
+    if plan["search"] == "tpe":
+      print("# tpe: the first suggestions, before any result (later ones follow the results)")
+    for point in plan["points"]:
+      cmd = train_command(config, os.path.join(workdir, point_name(point)),
+                          {**plan["common"], **point}, python="python")  # fmt: skip
       print(shlex.join(cmd))
     return 0
-  if not is_remote(workdir):  # each point's train.py checks an object-storage workdir
+  if not is_remote(workdir):
     os.makedirs(workdir, exist_ok=True)
-  status = run_points(args.config, workdir, points, args.parallel, common)
+  try:
+    points, status = _tune_sweep().run(plan, args, config=config, workdir=workdir)
+  except ValueError as e:
+    parser.exit(1, f"error: {e}\n")
   out = write_results(workdir, points, status, args.metric)
   print(to_markdown(out["rows"]))
   print(f"[sweep] wrote {out['csv']}, {out['markdown']}, {out['plot']}, {out['curves']}")
@@ -333,6 +471,12 @@ def main(argv: Sequence[str] | None = None) -> int:
   if failed:
     print(f"[sweep] {len(failed)} point(s) failed: {', '.join(failed)}", file=sys.stderr)
   return 1 if failed else 0
+
+
+def _trial_config_path(config: str) -> str:
+  """`--config` for the trials: absolute when the file is here (trials run elsewhere)."""
+  path, sep, arg = config.partition(":")
+  return f"{os.path.abspath(path)}{sep}{arg}" if os.path.isfile(path) else config
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import numpy as np
 from transformer.data.config import IMAGE_SOURCES, DataConfig
 from transformer.data.datasets import DataInfo
 from transformer.data.spec import DataSpec
+from transformer.nn import counts, moe
 from transformer.nn.config import ModelConfig
 
 Batch = Mapping[str, jax.Array]
@@ -66,6 +67,7 @@ class EvalOptions:
   prompts: tuple[str, ...] = ()  # LM: texts to continue
   num_samples: int = 1  # LM: samples per prompt
   max_new_tokens: int = 200  # LM: tokens to sample
+  past_context: str = "cap"  # LM: cap (new tokens fit the context) | slide (a moving window)
   temperature: float = 1.0  # LM: sampling temperature
   top_k: int = 0  # LM: keep the k most likely tokens (0 = all)
   top_p: float = 1.0  # LM: nucleus mass (1 = all)
@@ -84,6 +86,23 @@ class Run:
   eval_batches: int  # batches per evaluation; 0 = the whole split
   workdir: str
   step: int
+
+
+class _Collecting:
+  """A model whose `apply` also keeps what the model sows into `moe.AUX_COLLECTION`
+  (every call's), so `Task.forward` needs no change to return it."""
+
+  def __init__(self, model: nn.Module):
+    self.model = model
+    self.collected: list[Any] = []
+
+  def apply(self, variables: dict, *args: Any, **kwargs: Any) -> Any:
+    out, state = self.model.apply(variables, *args, mutable=[moe.AUX_COLLECTION], **kwargs)
+    self.collected.append(state.get(moe.AUX_COLLECTION, {}))
+    return out
+
+  def __getattr__(self, name: str) -> Any:
+    return getattr(self.model, name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +149,18 @@ class Task(abc.ABC):
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(logits [B, T, V] or [B, C], targets [B, T] or [B], weights of the same shape)."""
 
+  def forward_with_aux(
+    self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict
+  ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]:
+    """`forward`, plus the model's auxiliary losses: the mixture-of-experts terms of
+    `moe.aux_losses` ('loss', the weighted sum to add; the logged means), {} without MoE."""
+    config = getattr(model, "config", None)
+    if config is None or not config.moe_experts:
+      return (*self.forward(model, variables, batch, deterministic, rngs), {})
+    collecting = _Collecting(model)
+    logits, targets, weights = self.forward(collecting, variables, batch, deterministic, rngs)
+    return logits, targets, weights, moe.aux_losses(collecting.collected, config)
+
   @abc.abstractmethod
   def init_args(self, batch: Batch) -> tuple[tuple, dict]:
     """Positional and keyword arguments of `model.init` for a batch of this task."""
@@ -143,6 +174,11 @@ class Task(abc.ABC):
       return float(len(next(iter(batch.values()))))
     return float(np.count_nonzero(np.asarray(batch[self.count_key]) > 0))
 
+  def flops_per_count(self, model: ModelConfig, info: DataInfo) -> float:
+    """Training matmul FLOPs (forward + backward) per unit `count` counts, for MFU: per
+    token of rows of `info.target_seq_len` tokens (the target side for seq2seq)."""
+    return counts.flops_per_token(model, info.target_seq_len)
+
   # Evaluations ---------------------------------------------------------------------------
 
   def during_training(self, run: Run, extras: Extras, done: int, total: int) -> dict[str, Any]:
@@ -150,9 +186,11 @@ class Task(abc.ABC):
     del run, extras, done, total
     return {}
 
-  def after_training(self, run: Run, extras: Extras) -> None:
-    """Runs once at the end of training on the primary process (default: nothing)."""
+  def after_training(self, run: Run, extras: Extras) -> dict[str, str] | None:
+    """Runs once at the end of training on the primary process (default: nothing);
+    returns texts to log (tag -> text, e.g. a sample) or None."""
     del run, extras
+    return None
 
   def evaluate(self, run: Run, options: EvalOptions) -> dict[str, Any]:
     """What `eval.py` reports beyond the loss metrics (default: nothing)."""

@@ -2,21 +2,35 @@
 
 Batches: inputs ([CLS] first), segment_ids, positions [B, T]; label [B] (-1 on padding
 rows of evaluation batches, which get weight 0).
+
+Rows are `[CLS] text` with the project's tokenizers. With a pretrained vocabulary
+(`data.tokenizer='pretrained'`) that has a SEP token they are `[CLS] text [SEP]`, the rows
+BERT was pretrained on, in the vocabulary's own ids (a truncated text keeps its [SEP]).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import grain
 
 from transformer.data import pipeline
 from transformer.data.config import DataConfig
 from transformer.data.spec import I32, DataContext, DataSpec
+from transformer.nn import counts
 from transformer.nn.config import ModelConfig
 from transformer.tasks import evals
 from transformer.tasks.base import fail
 from transformer.tasks.labels import Classifying, labels_and_weights
+
+
+def row_sep_id(data: DataConfig, tokenizer: Any) -> int | None:
+  """The id that ends each row: a pretrained vocabulary's own SEP where it has one, else
+  None (the project's tokenizers keep `[CLS] text` rows, so their runs are unchanged)."""
+  if data.tokenizer != "pretrained":
+    return None
+  return tokenizer.present_specials().get("sep")  # convert.tokenizers.PretrainedTokenizer
 
 
 def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
@@ -27,6 +41,7 @@ def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
     train=train,
     text_key=c.text_key,
     label_key=c.label_key,
+    sep_id=row_sep_id(c.cfg, c.tok),
     **c.text_common(),
   )
 
@@ -45,6 +60,12 @@ def _shapes(rows: int, s: int, t: int, image_shape) -> dict:
 class TextClassification(Classifying):
   name = "classification"
   families = ("encoder",)
+  pretrained: bool = False  # a pretrained vocabulary: rows may end with its [SEP]
+
+  @classmethod
+  def create(cls, data: DataConfig, seq_len: int) -> TextClassification:
+    del seq_len
+    return cls(pretrained=data.tokenizer == "pretrained")
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
@@ -56,7 +77,8 @@ class TextClassification(Classifying):
       build=_build,
       shapes=_shapes,
       labelled=True,
-      row_budget=lambda counts, s, t: [(counts[0] + 1, s)],  # [CLS]
+      # [CLS] (+ [SEP]: counted for any pretrained vocabulary, an upper bound without one)
+      row_budget=lambda counts, s, t: [(counts[0] + 1 + self.pretrained, s)],
     )
 
   def forward(self, model, variables, batch, deterministic, rngs):
@@ -75,6 +97,9 @@ class TextClassification(Classifying):
       "segment_ids": batch["segment_ids"],
       "positions": batch["positions"],
     }
+
+  def flops_per_count(self, model, info) -> float:  # a classifier head, not the MLM head
+    return counts.flops_per_token(model, info.seq_len, mlm_predictions=0)
 
   def text_batch(self, tokenizer, text: str, max_len: int):
     return evals.text_batch(tokenizer, text, max_len)

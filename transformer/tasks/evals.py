@@ -5,6 +5,7 @@ Each task's `during_training` / `after_training` / `evaluate` calls these.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -15,7 +16,11 @@ import numpy as np
 import sacrebleu
 
 from transformer import decode
+from transformer.data.progress import progress
 from transformer.data.tokenizers import EOS_ID, PAD_ID
+from transformer.decode.sliding import generate_sliding
+
+PAST_CONTEXT = ("cap", "slide")  # what LM sampling does with tokens beyond the context
 
 
 def sample_texts(
@@ -30,12 +35,20 @@ def sample_texts(
   top_k: int = 0,
   top_p: float = 1.0,
   seed: int = 0,
+  sliding: bool = False,
 ) -> list[dict[str, str]]:
-  """`num_samples` continuations of each prompt (LMs). Raises ValueError for bad prompts."""
-  rows = check_prompts(tokenizer, prompts, max_new_tokens, model.config.max_len)
+  """`num_samples` continuations of each prompt (LMs). Raises ValueError for bad prompts.
+
+  `sliding`: through a window of the model's last `max_len` tokens (`decode.sliding`), so
+  prompt + new tokens may exceed the context; else cached decoding within the context.
+  Each sample says which (`generation`: 'cached' or 'sliding window of W tokens').
+  """
+  max_len = model.config.max_len
+  rows = check_prompts(tokenizer, prompts, max_new_tokens, None if sliding else max_len)
   rows = [r for r in rows for _ in range(num_samples)]
   texts = [p for p in prompts for _ in range(num_samples)]
-  out = decode.generate(
+  generate = generate_sliding if sliding else decode.generate
+  out = generate(
     model,
     params,
     rows,
@@ -47,13 +60,46 @@ def sample_texts(
     eos_id=tokenizer.eos_id,
     rng=jax.random.PRNGKey(seed),
   )
+  how = f"sliding window of {max_len} tokens" if sliding else "cached"
   tokens = [_strip(t, tokenizer.eos_id, pad_id=None) for t in np.asarray(out.tokens)]
-  return [{"prompt": p, "sample": tokenizer.decode(t)} for p, t in zip(texts, tokens, strict=True)]
+  return [
+    {"prompt": p, "sample": tokenizer.decode(t), "generation": how}
+    for p, t in zip(texts, tokens, strict=True)
+  ]
 
 
-def check_prompts(tokenizer: Any, prompts: list[str], max_new_tokens: int, max_len: int) -> list:
+def fit_to_context(
+  tokenizer: Any, prompts: list[str], max_new_tokens: int, max_len: int, past_context: str
+) -> tuple[int, str | None]:
+  """(new tokens to sample, a one-line note or None) for `past_context`: 'cap' fits them
+  into the model's context after the longest prompt (noting a cut), 'slide' keeps them
+  all (a sliding window). ValueError for an unknown mode or a prompt that fills the
+  context under 'cap'."""
+  if past_context not in PAST_CONTEXT:
+    raise ValueError(f"past_context={past_context!r}: expected one of {', '.join(PAST_CONTEXT)}")
+  if past_context == "slide" or max_new_tokens < 1:
+    return max_new_tokens, None
+  longest = max((len(tokenizer.encode(p)) for p in prompts), default=0)
+  room = max_len - longest
+  if room < 1:
+    raise ValueError(
+      f"a {longest}-token prompt fills the model's context (max_len={max_len}): shorten it, "
+      "or use --past_context=slide to generate through a sliding window"
+    )
+  if max_new_tokens <= room:
+    return max_new_tokens, None
+  return room, (
+    f"note: {max_new_tokens} new tokens capped to {room}: the model's context is "
+    f"max_len={max_len} tokens with a {longest}-token prompt "
+    "(--past_context=slide generates past it through a sliding window)"
+  )
+
+
+def check_prompts(
+  tokenizer: Any, prompts: list[str], max_new_tokens: int, max_len: int | None
+) -> list:
   """Token ids of each prompt; ValueError for an empty prompt, characters the vocabulary
-  lacks, or a length the model cannot hold."""
+  lacks, or a length the model cannot hold (`max_len` None: no length limit)."""
   rows = []
   for prompt in prompts:
     if not prompt:
@@ -66,7 +112,7 @@ def check_prompts(tokenizer: Any, prompts: list[str], max_new_tokens: int, max_l
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
   longest = max(len(r) for r in rows)
-  if longest + max_new_tokens > max_len:
+  if max_len is not None and longest + max_new_tokens > max_len:
     raise ValueError(
       f"{max_new_tokens} new tokens after a {longest}-token prompt exceed the model's "
       f"max_len={max_len}; ask for at most {max_len - longest}"
@@ -93,6 +139,7 @@ def bleu(
   method: str = "beam",
   beam_size: int = 4,
   alpha: float = 0.6,
+  total: int | None = None,
 ) -> dict[str, Any]:
   """Corpus BLEU (sacrebleu) of decoded evaluation sources against raw reference text.
 
@@ -101,14 +148,16 @@ def bleu(
   what the row truncated), one per non-padding row of `eval_iter`, in its order. Each is
   checked against its row: its token ids must begin with the row's target ids, so a
   reference list out of step with the batches is an error, not a silently wrong score.
+  `total`: the batches `eval_iter` yields, for the progress lines of a long decoding.
   Returns the score, sacrebleu's signature, the decoding method and five examples.
   """
   tok = tokenizer
   refs_iter = iter(references)
   hyps, refs = [], []
-  for i, batch in enumerate(eval_iter):
-    if max_batches and i >= max_batches:
-      break
+  if max_batches:
+    eval_iter = itertools.islice(eval_iter, max_batches)
+    total = min(total, max_batches) if total else max_batches
+  for batch in progress(eval_iter, total, f"BLEU ({method})", enabled=jax.process_index() == 0):
     keep = batch["inputs_segment_ids"].max(axis=1) > 0  # padded rows have no source
     if not keep.any():
       continue

@@ -75,11 +75,19 @@ class LanguageModeling(Task):
       "segment_ids": batch["segment_ids"],
     }
 
-  def after_training(self, run: Run, extras: Extras) -> None:
+  def after_training(self, run: Run, extras: Extras) -> dict[str, str] | None:
+    """Prints a sample (and returns it, tag 'sample', for TensorBoard and W&B)."""
     if not extras.sample_tokens:
-      return
+      return None
     prompt = extras.sample_prompt or "\n"
-    room = run.model.config.max_len - len(run.info.tokenizer.encode(prompt))
+    prompt_len = len(run.info.tokenizer.encode(prompt))
+    if not prompt_len:  # e.g. a pretrained SentencePiece vocabulary drops a lone newline
+      print(f"--- no sample: the prompt {prompt!r} encodes to no tokens; set sample_prompt ---")
+      return None
+    room = run.model.config.max_len - prompt_len
+    if room < 1:
+      print(f"--- no sample: the {prompt_len}-token prompt fills the context; shorten it ---")
+      return None
     max_new = min(extras.sample_tokens, room)
     (sample,) = evals.sample_texts(
       run.model,
@@ -92,27 +100,37 @@ class LanguageModeling(Task):
     )
     print(f"--- sample ({max_new} tokens, temperature {extras.sample_temperature}) ---")
     print(prompt + sample["sample"])
+    return {"sample": prompt + sample["sample"]}
 
   def check_options(self, options: EvalOptions, run_model, tokenizer) -> None:
     if options.prompts:  # bad prompts fail before any evaluation work
-      evals.check_prompts(tokenizer, list(options.prompts), options.max_new_tokens,
-                          run_model.max_len)  # fmt: skip
+      prompts = list(options.prompts)
+      new, _ = evals.fit_to_context(tokenizer, prompts, options.max_new_tokens,
+                                    run_model.max_len, options.past_context)  # fmt: skip
+      slide = options.past_context == "slide"
+      evals.check_prompts(tokenizer, prompts, new, None if slide else run_model.max_len)
 
   def evaluate(self, run: Run, options: EvalOptions) -> dict:
+    """Samples for `options.prompts`: new tokens capped to the context (with a note in
+    'notes') or, with past_context 'slide', through a sliding window."""
     if not options.prompts:
       return {}
+    prompts = list(options.prompts)
+    new, note = evals.fit_to_context(run.info.tokenizer, prompts, options.max_new_tokens,
+                                     run.model.config.max_len, options.past_context)  # fmt: skip
     samples = evals.sample_texts(
       run.model,
       run.params,
       run.info.tokenizer,
-      list(options.prompts),
+      prompts,
       num_samples=options.num_samples,
-      max_new_tokens=options.max_new_tokens,
+      max_new_tokens=new,
       temperature=options.temperature,
       top_k=options.top_k,
       top_p=options.top_p,
+      sliding=options.past_context == "slide",
     )
-    return {"samples": samples}
+    return {"samples": samples, **({"notes": [note]} if note else {})}
 
   def text_batch(self, tokenizer, text: str, max_len: int):
     return evals.text_batch(tokenizer, text, max_len)

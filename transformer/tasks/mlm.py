@@ -18,6 +18,7 @@ import numpy as np
 from transformer.data import masking, pipeline
 from transformer.data.config import DataConfig
 from transformer.data.spec import DataContext, DataSpec
+from transformer.nn import counts
 from transformer.nn.config import ModelConfig
 from transformer.tasks import evals
 from transformer.tasks.base import Task, fail
@@ -89,6 +90,9 @@ class MaskedLanguageModeling(Task):
       "segment_ids": batch["segment_ids"],
       "positions": batch["positions"],
     }
+
+  def flops_per_count(self, model, info) -> float:
+    return counts.flops_per_token(model, info.seq_len, mlm_predictions=self.max_predictions)
 
   def check_batch(self, batch) -> None:
     if self.max_predictions is None:

@@ -68,6 +68,7 @@ def seq2seq_bleu(run: Run, method: str, beam_size: int) -> dict:
     references=eval_references(run.info.config, run.workdir),
     method=method,
     beam_size=beam_size,
+    total=run.info.eval_batches,
   )
 
 

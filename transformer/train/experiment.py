@@ -11,12 +11,15 @@ naming the field before anything is built. Code past this boundary trusts the ty
   optimizer   `OptimizerConfig`
   schedule    `ScheduleConfig`
   mesh        `MeshConfig`, mesh_rules: logical axis -> mesh axes
-  (top level) the fields of `LoopConfig`, `CheckpointConfig` and `EvalConfig`
+  wandb       `WandbConfig` (Weights & Biases tracking, off by default)
+  (top level) the fields of `LoopConfig`, `CheckpointConfig`, `EvalConfig`, `EMAConfig`,
+              `TelemetryConfig`
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -33,9 +36,14 @@ from transformer.nn.config import ModelConfig
 from transformer.nn.partitioning import MESH_AXES, RULES
 from transformer.train import optimizer as optimizer_lib
 from transformer.train import schedules
+from transformer.train.distributed import DEFAULT_TIMEOUT_S
 
 PARALLELISM = ("jit", "pmap")
 HF_PREFIX = "hf:"  # init_from='hf:DIR': a Hugging Face model directory (docs/PRETRAINED.md)
+BV_PREFIX = "bv:"  # init_from='bv:FILE.npz': a big_vision / vision_transformer ViT checkpoint
+# What a pretrained `init_from` decided, recorded in the workdir when a run is built: resumes
+# and evaluation read it there, so the checkpoint may move or go once the run has started.
+PRETRAINED_RECORD = "pretrained.json"
 
 # ModelConfig fields that change how a model computes, not what it is: a run may resume or
 # be evaluated with other values, and a config may set them over an `hf:` checkpoint's.
@@ -80,8 +88,11 @@ class LoopConfig:
   skip_nonfinite: bool = False  # skip (and count) updates with NaN/Inf instead of stopping
   preemption_grace_seconds: float = 25.0  # SIGTERM: seconds to save and exit (< the kill)
   init_from: str = ""  # workdir / checkpoint folder whose matching parameters init the model,
-  # or 'hf:DIR', a Hugging Face directory: its model config, weights and tokenizer
+  # or 'hf:DIR', a Hugging Face directory: its model config, weights and tokenizer,
+  # or 'bv:FILE.npz', a big_vision ViT: its model config and weights
   compilation_cache_dir: str = ""  # persistent XLA compilation cache folder ('' = off)
+  distributed_timeout_s: int = DEFAULT_TIMEOUT_S  # several processes: seconds without a
+  # peer's heartbeat before the run stops naming it (the bound on every wait for the others)
 
   def __post_init__(self):
     _positive(self, "num_train_steps", "batch_size", "seq_len", "grad_accum_steps", "log_every")
@@ -95,6 +106,7 @@ class LoopConfig:
       _fail("parallelism", self.parallelism, f"must be one of {', '.join(PARALLELISM)}")
     if not self.preemption_grace_seconds > 0:
       _fail("preemption_grace_seconds", self.preemption_grace_seconds, "must be > 0")
+    _positive(self, "distributed_timeout_s")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,16 +148,36 @@ class EvalConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class EMAConfig:
+  """An exponential moving average of the parameters, kept in the train state."""
+
+  ema_decay: float = 0.0  # ema <- d * ema + (1 - d) * params after every update; 0 = no EMA
+  ema_warmup: bool = False  # d = min(ema_decay, (1 + t) / (10 + t)), t = updates before this
+
+  def __post_init__(self):
+    if self.ema_decay != 0.0 and not 0.0 < self.ema_decay < 1.0:
+      _fail("ema_decay", self.ema_decay, "must be in (0, 1), or 0 for no EMA")
+    if self.ema_warmup and self.ema_decay == 0.0:
+      _fail("ema_warmup", self.ema_warmup, "needs ema_decay in (0, 1)")
+
+  @property
+  def enabled(self) -> bool:
+    return self.ema_decay > 0.0
+
+
+@dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
   """The learning-rate schedule (`train/schedules.py`)."""
 
-  kind: str = "cosine"  # noam | cosine | rsqrt | constant
-  learning_rate: float = 1e-3  # peak learning rate (cosine, rsqrt, constant)
+  kind: str = "cosine"  # noam | cosine | rsqrt | constant | wsd (warmup-stable-decay)
+  learning_rate: float = 1e-3  # peak learning rate (cosine, rsqrt, constant, wsd)
   warmup_steps: int = 100  # linear warmup steps
-  total_steps: int | None = None  # cosine length; None = num_train_steps
+  total_steps: int | None = None  # cosine / wsd length; None = num_train_steps
   d_model: int | None = None  # noam; None = model.d_model
   scale: float = 1.0  # noam multiplier
-  final_fraction: float = 0.0  # cosine: final learning rate as a fraction of the peak
+  final_fraction: float = 0.0  # cosine / wsd: final learning rate as a fraction of the peak
+  decay_fraction: float = 0.1  # wsd: share of total_steps spent in the final decay, (0, 1]
+  decay_shape: str = "linear"  # wsd: linear | cosine | 1-sqrt (Hagele et al. 2024)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,6 +187,7 @@ class MeshConfig:
   data: int = -1  # data-parallel ways (-1: all devices not used by the other axes)
   fsdp: int = 1  # ways parameters / optimizer state are sharded (and the batch split)
   tensor: int = 1  # tensor-parallel ways (heads, FFN hidden, vocabulary)
+  expert: int = 1  # expert-parallel ways (mixture-of-experts weights; the batch is split too)
 
   def __post_init__(self):
     sizes = dataclasses.asdict(self)
@@ -168,7 +201,49 @@ class MeshConfig:
     return dataclasses.asdict(self)
 
 
-TOP_BLOCKS = (LoopConfig, CheckpointConfig, EvalConfig)  # flat top-level fields
+@dataclasses.dataclass(frozen=True)
+class TelemetryConfig:
+  """What the loop measures beyond the metrics: MFU and a profiler trace (`train/telemetry.py`)."""
+
+  profile_steps: tuple[int, ...] = ()  # (first, last) updates traced by jax.profiler into
+  # workdir/plugins/profile (TensorBoard's Profile tab); () = no trace
+  peak_flops: float = 0.0  # peak FLOP/s of one device for MFU; 0 = the accelerator table
+  # (GPUs, TPUs; none for the CPU, where MFU is omitted unless measured or given here)
+  measure_peak_flops: bool = False  # no table entry: time a matmul at start for the peak
+
+  def __post_init__(self):
+    steps = self.profile_steps
+    if steps and (len(steps) != 2 or not all(isinstance(s, int) for s in steps)):
+      _fail("profile_steps", steps, "must be () or (first, last): two update numbers")
+    if steps and not 1 <= steps[0] <= steps[1]:
+      _fail("profile_steps", steps, "must have 1 <= first <= last")
+    if not self.peak_flops >= 0 or math.isinf(self.peak_flops):
+      _fail("peak_flops", self.peak_flops, "must be a finite FLOP/s >= 0 (0 = the table's)")
+
+
+WANDB_MODES = ("disabled", "offline", "online")
+
+
+@dataclasses.dataclass(frozen=True)
+class WandbConfig:
+  """Weights & Biases tracking (`train/tracking.py`; needs `pip install '.[wandb]'`)."""
+
+  mode: str = "disabled"  # disabled | offline (files in workdir/wandb; `wandb sync` them) | online
+  project: str = "transformer"  # W&B project
+  entity: str = ""  # W&B team or user; '' = the account's default
+  name: str = ""  # run name; '' = the workdir's name
+  tags: tuple[str, ...] = ()  # run tags
+
+  def __post_init__(self):
+    if self.mode not in WANDB_MODES:
+      _fail("wandb.mode", self.mode, f"must be one of {', '.join(WANDB_MODES)}")
+    if not all(isinstance(t, str) and t for t in self.tags):
+      _fail("wandb.tags", self.tags, "must be non-empty strings")
+    if self.mode != "disabled" and not self.project:
+      _fail("wandb.project", self.project, "must name a W&B project")
+
+
+TOP_BLOCKS = (LoopConfig, CheckpointConfig, EvalConfig, EMAConfig, TelemetryConfig)  # flat fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,6 +262,11 @@ class Experiment:
   rules: dict[str, tuple[str, ...]]  # logical axis -> mesh axes
   vocab_from_data: bool  # model.vocab_size was 0: use the tokenizer's
   classes_from_data: bool  # model.num_classes was 0 for labelled data: use the data's
+  ema: EMAConfig = EMAConfig()  # the parameter EMA (off by default)
+  telemetry: TelemetryConfig = TelemetryConfig()  # MFU peak, profiler window
+  wandb: WandbConfig = WandbConfig()  # Weights & Biases tracking (off by default)
+  # A pretrained init_from's record (`_pretrained_record`): written to the workdir by setup.
+  pretrained: dict[str, Any] | None = None
 
 
 def _block(cls) -> ml_collections.ConfigDict:
@@ -210,6 +290,7 @@ def default_config() -> ml_collections.ConfigDict:
   config.optimizer = _block(optimizer_lib.OptimizerConfig)
   config.schedule = _block(ScheduleConfig)
   config.mesh = _block(MeshConfig)
+  config.wandb = _block(WandbConfig)
   # Logical axis -> comma-separated mesh axes ('' = replicated); see nn/partitioning.py.
   config.mesh_rules = ml_collections.ConfigDict(
     {k: ",".join((v,) if isinstance(v, str) else (v or ())) for k, v in RULES.items()}
@@ -286,24 +367,38 @@ def _as_dict(block: Any) -> dict[str, Any]:
   return block.to_dict() if hasattr(block, "to_dict") else dict(block)
 
 
-def validate(config: ml_collections.ConfigDict) -> Experiment:
-  """Checks every field and returns the typed parts; ValueError names the first bad field."""
-  nested = ("model", "data", "optimizer", "schedule", "mesh", "mesh_rules")
+def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> Experiment:
+  """Checks every field and returns the typed parts; ValueError names the first bad field.
+
+  `workdir`: the run's, where a pretrained `init_from` (hf:, bv:) recorded what its
+  checkpoint decides (`PRETRAINED_RECORD`); read there instead of the checkpoint.
+  """
+  nested = ("model", "data", "optimizer", "schedule", "mesh", "mesh_rules", "wandb")
   flat = {k: v for k, v in config.items() if k not in nested}
   known = top_level_fields()
   for name in flat:
     if name not in known:
       _fail(name, flat[name], f"unknown field; known: {', '.join(sorted([*nested, *known]))}")
-  loop, checkpoint, evaluation = (
+  loop, checkpoint, evaluation, ema, telemetry = (
     convert(cls, {f.name: flat[f.name] for f in dataclasses.fields(cls) if f.name in flat})
     for cls in TOP_BLOCKS
   )
+  if telemetry.profile_steps and telemetry.profile_steps[0] > loop.num_train_steps:
+    _fail(
+      "profile_steps",
+      telemetry.profile_steps,
+      f"starts after num_train_steps={loop.num_train_steps}",
+    )
+  wandb = convert(WandbConfig, _as_dict(config.get("wandb", {})), "wandb.")
+  if checkpoint.best_metric.startswith("ema_") and not ema.enabled:
+    _fail("best_metric", checkpoint.best_metric, "ranks the EMA weights: needs ema_decay in (0, 1)")
 
   data_fields = _as_dict(config.data)
   model_fields = _as_dict(config.model)
-  directory = hf_dir(loop.init_from)
-  if directory is not None:
-    model_fields, data_fields = _from_hf(loop.init_from, directory, model_fields, data_fields)
+  pretrained = None
+  if pretrained_source(loop.init_from) is not None:
+    pretrained = _pretrained_record(loop.init_from, workdir)
+    model_fields, data_fields = _from_pretrained(pretrained, model_fields, data_fields)
   data = convert(DataConfig, data_fields, "data.")
   task = tasks.get(data.kind).create(data, loop.seq_len)
   vocab_from_data = model_fields.get("vocab_size") == 0
@@ -326,8 +421,8 @@ def validate(config: ml_collections.ConfigDict) -> Experiment:
     raise ValueError(f"config.schedule: {e}") from None
 
   mesh = convert(MeshConfig, _as_dict(config.get("mesh", {})), "mesh.")
-  if loop.parallelism == "pmap" and (mesh.fsdp != 1 or mesh.tensor != 1):
-    _fail("parallelism", "pmap", "is data parallelism only: use jit for fsdp / tensor meshes")
+  if loop.parallelism == "pmap" and (mesh.fsdp != 1 or mesh.tensor != 1 or mesh.expert != 1):
+    _fail("parallelism", "pmap", "is data parallelism only: use jit for fsdp / tensor / expert")
   rules = _rules(config.get("mesh_rules", {}))
   return Experiment(
     model=model,
@@ -342,6 +437,10 @@ def validate(config: ml_collections.ConfigDict) -> Experiment:
     rules=rules,
     vocab_from_data=vocab_from_data,
     classes_from_data=classes_from_data,
+    ema=ema,
+    pretrained=pretrained,
+    telemetry=telemetry,
+    wandb=wandb,
   )
 
 
@@ -350,36 +449,82 @@ def hf_dir(init_from: str) -> str | None:
   return init_from[len(HF_PREFIX) :] if init_from.startswith(HF_PREFIX) else None
 
 
-def _from_hf(
-  init_from: str, directory: str, model: dict[str, Any], data: dict[str, Any]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-  """The model fields of the checkpoint (with the config's runtime fields and max_len) and
-  the data fields reading its tokenizer.
+def pretrained_source(init_from: str) -> tuple[str, str] | None:
+  """('hf', DIR) or ('bv', FILE) for a pretrained `init_from`, else None (another run)."""
+  for kind, prefix in (("hf", HF_PREFIX), ("bv", BV_PREFIX)):
+    if init_from.startswith(prefix):
+      return kind, init_from[len(prefix) :]
+  return None
 
-  A model field the config sets (differs from `default_config()`) that the checkpoint
-  decides otherwise is one `ValueError` naming the field and both values.
-  """
-  from transformer.convert import hf, registry
-  from transformer.convert import tokenizers as pretrained
 
-  where = f"config.init_from={init_from!r}"
+def _read_record(init_from: str, workdir: str | None) -> dict[str, Any] | None:
+  """The workdir's record of this `init_from` (None: no record, or one of another source)."""
+  if not workdir:
+    return None
+  path = epath.Path(workdir) / PRETRAINED_RECORD
+  if not path.exists():
+    return None
   try:
-    hf_config = hf.read_config(directory)
-    architectures = hf_config.get("architectures") or [None]
-    if len(architectures) != 1:
-      raise ValueError(f"architectures={architectures}: expected one entry")
-    converter = registry.get(architectures[0], "architectures")
-    fields = converter.config_from_hf(hf_config)
+    record = json.loads(path.read_text())
+    ok = isinstance(record, dict) and isinstance(record.get("model"), dict)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"{path}: unreadable record of config.init_from ({e})") from None
+  if not ok:
+    raise ValueError(f"{path}: expected a JSON object with 'init_from', 'model', 'tokenizer'")
+  return record if record.get("init_from") == init_from else None
+
+
+def _pretrained_record(init_from: str, workdir: str | None) -> dict[str, Any]:
+  """{'init_from', 'model': the checkpoint's ModelConfig fields, 'tokenizer': whether the
+  checkpoint brings one}: from the workdir's record, else read from the checkpoint."""
+  record = _read_record(init_from, workdir)
+  if record is not None:
+    return record
+  kind, path = pretrained_source(init_from)
+  where = f"config.init_from={init_from!r}"
+  tokenizer = False
+  try:
+    if kind == "bv":
+      from transformer.convert import big_vision
+
+      fields = big_vision.config_fields(path)
+    else:
+      from transformer.convert import hf, registry
+      from transformer.convert import tokenizers as pretrained
+
+      hf_config = hf.read_config(path)
+      architectures = hf_config.get("architectures") or [None]
+      if len(architectures) != 1:
+        raise ValueError(f"architectures={architectures}: expected one entry")
+      converter = registry.get(architectures[0], "architectures")
+      fields = converter.config_from_hf(hf_config)
+      root = epath.Path(path)
+      tokenizer = any((root / name).exists() for name in pretrained.SOURCE_FILES)
   except KeyError as e:
     raise ValueError(f"{where}: config.json lacks {e}") from None
   except ValueError as e:
     raise ValueError(f"{where}: {e}") from None
+  return {"init_from": init_from, "model": fields, "tokenizer": tokenizer}
+
+
+def _from_pretrained(
+  record: dict[str, Any], model: dict[str, Any], data: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+  """The model fields of the checkpoint (with the config's runtime fields, max_len and
+  num_classes) and the data fields reading its tokenizer.
+
+  A model field the config sets (differs from `default_config()`) that the checkpoint
+  decides otherwise is one `ValueError` naming the field and both values. `num_classes`
+  is the config's or the data's: a head of another size keeps its initial values.
+  """
+  init_from, fields = record["init_from"], record["model"]
+  where = f"config.init_from={init_from!r}"
   defaults = _as_dict(default_config().model)
   merged = dict(model)
   for name, value in fields.items():
     mine = model.get(name, defaults.get(name))
-    if name in RUNTIME_FIELDS:
-      continue  # the config's (the checkpoint's dropout is not applied)
+    if name in RUNTIME_FIELDS or name == "num_classes":
+      continue  # the config's (the checkpoint's dropout is not applied; the task's classes)
     if mine == defaults.get(name) or mine == value:
       merged[name] = value
     elif name != "max_len":
@@ -391,15 +536,16 @@ def _from_hf(
       "model.max_len", merged["max_len"],
       f"exceeds the checkpoint's {fields.get('max_len')} learned positions ({where})",
     )  # fmt: skip
-  root = epath.Path(directory)
-  if any((root / name).exists() for name in pretrained.SOURCE_FILES):
+  if record.get("tokenizer"):
+    from transformer.convert import tokenizers as pretrained
+
     default_data = _as_dict(default_config().data)
     if data.get("tokenizer") not in (default_data["tokenizer"], pretrained.KIND):
       _fail("data.tokenizer", data.get("tokenizer"), f"{where} reads the checkpoint's tokenizer")
     if data.get("tokenizer_from"):
       _fail("data.tokenizer_from", data["tokenizer_from"], f"{where} reads its own tokenizer")
     # `train.setup.build` copies it into the workdir and points tokenizer_from there.
-    data = {**data, "tokenizer": pretrained.KIND, "tokenizer_from": directory}
+    data = {**data, "tokenizer": pretrained.KIND, "tokenizer_from": pretrained_source(init_from)[1]}
   return merged, data
 
 

@@ -1,10 +1,13 @@
 """Fine-tuning: `config.init_from` copies another run's matching parameters into a new run.
 
-`init_from='hf:DIR'` starts from a Hugging Face directory instead: `experiment.validate`
-takes the model config from its config.json, `hf_tokenizer_data` copies its tokenizer into
-the workdir for the data, and `load_init_from` copies every tensor (a head the checkpoint
-lacks, e.g. a classifier on BERT, keeps its initial values; a learned position table is
-cut to a shorter `max_len`). See docs/PRETRAINED.md.
+`init_from='hf:DIR'` starts from a Hugging Face directory instead, `init_from='bv:FILE.npz'`
+from a big_vision ViT: `experiment.validate` takes the model config from the checkpoint,
+`hf_tokenizer_data` copies a directory's tokenizer into the workdir for the data,
+`record_pretrained` records what the checkpoint decided in the workdir (resumes and
+`eval.py` read it there, not the checkpoint), and `load_init_from` copies every tensor (a
+head the checkpoint lacks, e.g. a classifier on BERT, or one for another number of classes
+keeps its initial values; a learned position table is cut to a shorter `max_len`). See
+docs/PRETRAINED.md.
 
 `check_init_tokenizer` runs when the data is built (before compiling); `load_init_from`
 when a run starts without a checkpoint of its own. Parameters are matched by path and
@@ -16,7 +19,9 @@ source run may live on object storage (`gs://...`, through `etils.epath`).
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -27,33 +32,61 @@ from etils import epath
 
 from transformer.data.config import DataConfig
 from transformer.data.datasets import DataInfo
+from transformer.data.files import write_atomic
 from transformer.data.tokenizers import tokenizer_filename
 from transformer.nn import tree
 from transformer.train import checkpoints
-from transformer.train.experiment import hf_dir
+from transformer.train.experiment import PRETRAINED_RECORD, Experiment, hf_dir, pretrained_source
+
+
+def _recorded(init_from: str, workdir: str) -> bool:
+  """The workdir holds the record of this `init_from` (`record_pretrained`)."""
+  path = epath.Path(workdir) / PRETRAINED_RECORD
+  return path.exists() and json.loads(path.read_text()).get("init_from") == init_from
 
 
 def hf_tokenizer_data(init_from: str, data: DataConfig, workdir: str) -> DataConfig:
   """`data` reading the tokenizer of `init_from='hf:DIR'` through the workdir cache.
 
   `validate` set `tokenizer='pretrained'`, `tokenizer_from=DIR` where DIR has a tokenizer;
-  it is saved as `workdir/tokenizers/pretrained_vocab.json` and the data reads that file
-  (which also keeps it with the run for resuming and evaluation).
+  it is saved as `workdir/tokenizers/pretrained_vocab.json` and the data reads that file.
+  A run that recorded this `init_from` reads the copy it saved, not DIR (which may be gone).
   """
   directory = hf_dir(init_from)
   if directory is None or data.tokenizer != "pretrained" or data.tokenizer_from != directory:
     return data
   from transformer.convert import tokenizers as pretrained
 
-  saved = pretrained.save_to_workdir(pretrained.from_pretrained_dir(directory), workdir)
+  saved = epath.Path(workdir) / "tokenizers" / pretrained.filename()
+  if not (saved.exists() and _recorded(init_from, workdir)):
+    saved = pretrained.save_to_workdir(pretrained.from_pretrained_dir(directory), workdir)
   return dataclasses.replace(data, tokenizer_from=str(saved))
 
 
-def _load_hf(init_from: str, directory: str) -> Any:
+def record_pretrained(exp: Experiment, workdir: str) -> None:
+  """Writes `workdir/pretrained.json`: what a pretrained `init_from` decided (the model
+  fields of its checkpoint, whether it brought a tokenizer), unless it is there already.
+
+  `experiment.validate(config, workdir)` reads it instead of the checkpoint, so a resume
+  or `eval.py` works once the checkpoint has moved (the weights are the run's own).
+  """
+  if exp.pretrained is None or _recorded(exp.loop.init_from, workdir):
+    return
+  text = json.dumps(exp.pretrained, indent=2, sort_keys=True)
+  write_atomic(os.path.join(workdir, PRETRAINED_RECORD), text)
+
+
+def _load_pretrained(init_from: str) -> tuple[int, Any]:
+  """(the checkpoint's classes, 0 if none; its parameters) of an `hf:` or `bv:` init_from."""
   from transformer import convert
 
+  kind, path = pretrained_source(init_from)
   try:
-    return convert.load(directory)[1]["params"]
+    if kind == "bv":
+      fields, params = convert.big_vision.load_params(path)
+      return fields["num_classes"] or 0, params["params"]
+    config, params = convert.load(path)
+    return config.num_classes, params["params"]
   except ValueError as e:
     raise ValueError(f"config.init_from={init_from!r}: {e}") from None
 
@@ -75,15 +108,25 @@ def _learned_positions(key: str, src: Any, leaf: Any) -> bool:
   return table and rows and src.shape[1:] == leaf.shape[1:]
 
 
+def _other_classes(src: Any, leaf: Any, classes: int) -> bool:
+  """A head for another number of classes: the shapes differ only where the checkpoint's
+  has its `classes`."""
+  if not classes or src.ndim != leaf.ndim:
+    return False
+  differ = [a for a in range(src.ndim) if src.shape[a] != leaf.shape[a]]
+  return bool(differ) and all(src.shape[a] == classes for a in differ)
+
+
 def load_init_from(path: str, params: Any) -> Any:
   """Copies the parameters of another run whose paths and shapes match (fine-tuning).
 
-  From an `hf:` directory (whose config the model has) a tensor at the same path with
-  another shape is an error, except a learned position table longer than `max_len`
-  (its first rows are taken).
+  From an `hf:` directory or `bv:` file (whose config the model has) a tensor at the same
+  path with another shape is an error, except a learned position table longer than
+  `max_len` (its first rows are taken) and a head for another number of classes (it keeps
+  its initial values).
   """
-  directory = hf_dir(path)
-  source = _restore_run(path) if directory is None else _load_hf(path, directory)
+  pretrained = pretrained_source(path) is not None
+  classes, source = _load_pretrained(path) if pretrained else (0, _restore_run(path))
   flat_src = {tree.path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
   copied = []
 
@@ -92,12 +135,17 @@ def load_init_from(path: str, params: Any) -> Any:
     src = flat_src.get(key)
     if src is None:
       return leaf
-    if directory is not None and _learned_positions(key, src, leaf):
+    if pretrained and _learned_positions(key, src, leaf):
       src = src[: leaf.shape[0]]  # max_len below the checkpoint's positions
     if tuple(src.shape) == tuple(leaf.shape):
       copied.append(key)
       return jnp.asarray(src, leaf.dtype)
-    if directory is not None:
+    if pretrained and _other_classes(src, leaf, classes):
+      logging.info(
+        "init_from %s: %s is for %d classes: kept at its initial values", path, key, classes
+      )
+      return leaf
+    if pretrained:
       raise ValueError(
         f"config.init_from={path!r}: tensor {key} has shape {list(src.shape)}, "
         f"the model needs {list(leaf.shape)}"
@@ -122,8 +170,8 @@ def check_init_tokenizer(path: str, info: DataInfo) -> None:
   run with no tokenizer of this run's kind and size is allowed (its embeddings have other
   shapes and are not copied; the rest of the model is).
   """
-  if hf_dir(path) is not None:
-    return  # the data reads the directory's own tokenizer (`hf_tokenizer_data`)
+  if pretrained_source(path) is not None:
+    return  # the data reads an hf: directory's own tokenizer (`hf_tokenizer_data`); bv: has none
   root = epath.Path(path) / "tokenizers"
   if info.tokenizer is None or not root.is_dir():
     return

@@ -12,11 +12,23 @@ within `preemption_grace_seconds` and returns; a NaN/Inf update is never applied
 stops the run naming the step, the quantity and the last good checkpoint (or is skipped
 and counted with `skip_nonfinite`). `Hooks` let a caller watch the phases of a run, alter
 host batches or perturb the step (the fault-injection tests do).
+
+With a parameter EMA (`config.ema_decay`) every evaluation also runs on the EMA weights,
+logged as split `eval_ema` (`eval_ema/loss`, ...) and returned as `ema_loss`, ...; a
+checkpoint written without an EMA resumes with the EMA starting from its parameters.
+
+The console gets one short line per `log_every` updates (loss, learning rate, tokens/s,
+MFU where a peak is known, ETA; everything else goes to TensorBoard, metrics.jsonl and
+W&B if configured, `train/tracking.py`). At start (process 0): a parameter overview
+(`train/overview.py`), the compiled train step's memory and the MFU inputs
+(`train/telemetry.py`); the config goes to TensorBoard's HParams tab. `profile_steps`
+traces a window of updates with `jax.profiler` into `workdir/plugins/profile`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import os
 import sys
 import time
@@ -27,11 +39,21 @@ import jax
 import ml_collections
 import numpy as np
 
+from transformer.data.progress import progress
 from transformer.tasks import Run
-from transformer.train import checkpoints, experiment, finetune, setup
+from transformer.train import (
+  checkpoints,
+  distributed,
+  experiment,
+  finetune,
+  setup,
+  telemetry,
+  tracking,
+)
 from transformer.train.metric_writers import MetricWriter, plot_curves
+from transformer.train.overview import parameter_overview
 from transformer.train.preemption import Preemption, run_within
-from transformer.train.step import summarize_eval
+from transformer.train.step import copy_params, summarize_eval
 from transformer.train.workdir import RunLock, prepare_workdir, run_lock
 
 
@@ -53,15 +75,34 @@ class _EvaluationInterrupted(Exception):
   """Internal: a preemption notice arrived during an evaluation."""
 
 
-def evaluate(runner, state, eval_factory, max_batches: int = 0, should_stop=None) -> dict:
+def ema_view(state):
+  """The state with its EMA weights as the parameters (for evaluation)."""
+  if state.ema_params is None:
+    raise ValueError("the train state has no EMA of the parameters (config.ema_decay=0)")
+  return state.replace(params=state.ema_params)
+
+
+def evaluate(
+  runner,
+  state,
+  eval_factory,
+  max_batches: int = 0,
+  should_stop=None,
+  total: int | None = None,
+  desc: str = "evaluating",
+) -> dict:
   """Means over the evaluation split (or its first `max_batches` batches).
 
   `should_stop()`, checked before each batch, abandons the evaluation when True.
+  `total`: the batches one pass over the split yields, for the progress lines (with an
+  ETA) that a long evaluation prints under `desc` (process 0).
   """
   totals: dict[str, float] = {}
-  for i, batch in enumerate(eval_factory()):
-    if max_batches and i >= max_batches:
-      break
+  batches = eval_factory()
+  if max_batches:
+    batches = itertools.islice(batches, max_batches)
+    total = min(max_batches, total) if total else max_batches
+  for batch in progress(batches, total, desc, enabled=jax.process_index() == 0):
     if should_stop is not None and should_stop():
       raise _EvaluationInterrupted
     sums = jax.device_get(runner.eval(state, batch))
@@ -84,6 +125,9 @@ class _Context:
   lock: RunLock
   hooks: Hooks
   workdir: str
+  flops_per_count: float = 0.0  # training FLOPs per unit the task counts (MFU)
+  peak_flops: float | None = None  # of one device; None: no MFU
+  profile: telemetry.ProfileWindow | None = None
 
   @property
   def exp(self) -> experiment.Experiment:
@@ -113,7 +157,8 @@ def train_and_evaluate(
 
   A preempted run returns {'preempted': 1.0, 'step': N} after saving step N.
   """
-  exp = experiment.validate(config)
+  exp = experiment.validate(config, workdir)  # a pretrained init_from: its record there
+  tracking.check_available(exp.wandb)
   hooks = hooks or Hooks()
   workdir = prepare_workdir(workdir)
   if exp.loop.compilation_cache_dir:  # reuse compiled steps across runs and restarts
@@ -130,7 +175,7 @@ def train_and_evaluate(
       best_mode=exp.checkpoint.best_mode,
     )
     c = _Context(config, s, ckpt, None, preemption, lock, hooks, workdir)
-    with ckpt:
+    with distributed.watching(ckpt.directory), ckpt:  # several processes: leave in order
       return _train(c)
 
 
@@ -139,9 +184,13 @@ def _train(c: _Context) -> dict[str, float]:
   s, loop = c.s, c.exp.loop
   state = s.state
   c.phase("restore", 0)
-  restored = c.ckpt.restore(s.runner.state_target(jax.eval_shape(lambda: state)))
+  target = s.runner.state_target(jax.eval_shape(lambda: state))
+  restored = c.ckpt.restore(target, optional=("ema_params",))
   if restored is not None:
     state = restored.state
+    if c.exp.ema.enabled and state.ema_params is None:
+      state = state.replace(ema_params=copy_params(state.params))
+      print(f"checkpoint step {restored.step} has no parameter EMA: it starts from its weights")
     data_state = restored.resumable_data_state()  # this process's position; refuses another count
     if data_state is not None:
       s.train_iter.set_state(data_state)
@@ -149,6 +198,8 @@ def _train(c: _Context) -> dict[str, float]:
   elif loop.init_from:
     state = state.replace(params=finetune.load_init_from(loop.init_from, state.params))
     state = state.replace(opt_state=s.tx.init(state.params))
+    if c.exp.ema.enabled:  # the EMA starts from the loaded weights
+      state = state.replace(ema_params=copy_params(state.params))
   if is_primary:
     checkpoints.write_config(c.config, c.workdir)
     setup.save_model_config(c.workdir, s.model_cfg)
@@ -156,22 +207,55 @@ def _train(c: _Context) -> dict[str, float]:
   if c.preemption.requested:  # SIGTERM while building: nothing new to save
     print(f"{c.preemption.source} before training started: nothing new to save; stopped")
     return {"preempted": 1.0, "step": float(start)}
+  tracker = tracking.WandbTracker.start(c.exp.wandb, c.workdir, c.config, is_primary)
   c.writer = MetricWriter(
     c.workdir,
     is_primary=is_primary,
     total_steps=loop.num_train_steps,
     resume_step=start if restored is not None else None,
+    trackers=[tracker] if tracker is not None else [],
   )
   with c.writer:
+    c.writer.write_hparams(c.config)
     state = s.runner.place_state(state)
-    final_metrics, state = _loop(c, state, start)
-  c.phase("finish", int(final_metrics.get("step", loop.num_train_steps)))
-  c.ckpt.wait_until_finished()
-  if is_primary:
-    plot_curves([c.writer.jsonl_path], os.path.join(c.workdir, "curves.png"))
-  if not final_metrics.get("preempted") and is_primary:
-    c.exp.task.after_training(c.run_view(state), c.exp.eval.extras(loop.seed))
+    if start < loop.num_train_steps:
+      _report_start(c, state)
+    c.profile = telemetry.ProfileWindow(
+      c.workdir, c.exp.telemetry.profile_steps, start + 1, is_primary
+    )
+    try:
+      final_metrics, state = _loop(c, state, start)
+    finally:
+      c.profile.close()
+    c.phase("finish", int(final_metrics.get("step", loop.num_train_steps)))
+    c.ckpt.wait_until_finished()
+    c.writer.flush()
+    if is_primary:
+      plot_curves([c.writer.jsonl_path], os.path.join(c.workdir, "curves.png"))
+    if not final_metrics.get("preempted") and is_primary:
+      view = c.run_view(state)
+      texts = c.exp.task.after_training(view, c.exp.eval.extras(loop.seed))
+      for tag, text in (texts or {}).items():
+        c.writer.write_text(view.step, tag, text)
   return final_metrics
+
+
+def _report_start(c: _Context, state) -> None:
+  """Once before the first update: the parameter overview, the compiled train step's
+  memory (compiling the step the loop then runs) and the MFU inputs (printed by process 0)."""
+  s, tele = c.s, c.exp.telemetry
+  primary = jax.process_index() == 0
+  overview = parameter_overview(s.runner.host_state(state).params)
+  compiled = s.runner.lower_train(state, setup.zeros_batch(s.info)).compile()
+  memory = telemetry.memory_summary(compiled)
+  c.flops_per_count = c.exp.task.flops_per_count(s.model_cfg, s.info)
+  c.peak_flops, why = telemetry.peak_flops(
+    tele.peak_flops, tele.measure_peak_flops, s.model_cfg.dtype
+  )
+  if primary:
+    print(overview.table())
+    print(memory or "compiled train step: the backend reports no memory analysis")
+    print(telemetry.flops_summary(c.flops_per_count, c.peak_flops, why, jax.device_count()))
 
 
 def _save(c: _Context, state, metrics=None) -> int:
@@ -226,16 +310,42 @@ def _check_finite(c: _Context, state, pending: dict) -> None:
 
 
 def _periodic_eval(c: _Context, state, done: int) -> dict:
-  """Loss metrics on the evaluation split, plus the task's own when they are due."""
+  """Loss metrics on the evaluation split, plus the task's own when they are due (and the
+  loss metrics of the EMA weights, as `ema_<name>`)."""
   ev = c.exp.eval
   runner = c.s.runner
   metrics = evaluate(
-    runner, state, c.s.eval_factory, ev.eval_batches, c.preemption.interrupts_evaluation
+    runner,
+    state,
+    c.s.eval_factory,
+    ev.eval_batches,
+    c.preemption.interrupts_evaluation,
+    total=c.s.info.eval_batches,
+    desc=f"evaluating at step {done}",
   )
   extras = ev.extras(c.exp.loop.seed)
   metrics |= c.exp.task.during_training(c.run_view(state), extras, done, c.exp.loop.num_train_steps)
   c.writer.write_scalars(done, metrics, split="eval")
-  return metrics
+  return metrics | _ema_eval(c, state, done, c.preemption.interrupts_evaluation)
+
+
+def _ema_eval(c: _Context, state, done: int, should_stop=None, log: bool = True) -> dict:
+  """The EMA weights' loss metrics (logged as split `eval_ema`); {} without an EMA."""
+  if not c.exp.ema.enabled:
+    return {}
+  ev = c.exp.eval
+  metrics = evaluate(
+    c.s.runner,
+    ema_view(state),
+    c.s.eval_factory,
+    ev.eval_batches,
+    should_stop,
+    total=c.s.info.eval_batches,
+    desc=f"evaluating the EMA at step {done}",
+  )
+  if log:
+    c.writer.write_scalars(done, metrics, split="eval_ema")
+  return {f"ema_{k}": v for k, v in metrics.items()}
 
 
 def _save_within_grace(c: _Context, state, done: int) -> None:
@@ -261,6 +371,7 @@ def _save_within_grace(c: _Context, state, done: int) -> None:
   )
   sys.stderr.flush()
   c.lock.release()
+  distributed.leave_now(None)  # several processes: the others must not wait for it
   os._exit(0)  # skips waiting for the unfinished write in the checkpoint thread
 
 
@@ -273,6 +384,10 @@ def _log(c: _Context, state, done: int, metrics, counts: dict, pending: dict) ->
   scalars = {k: float(v) for k, v in metrics.items() if k != "nonfinite_inputs"}
   scalars["tokens_per_sec"] = counts["tokens"] * jax.process_count() / elapsed
   scalars["examples_per_sec"] = counts["examples"] * jax.process_count() / elapsed
+  if c.peak_flops is not None and c.flops_per_count:
+    scalars["mfu"] = telemetry.mfu(
+      c.flops_per_count, scalars["tokens_per_sec"], c.peak_flops, jax.device_count()
+    )
   if c.exp.loop.skip_nonfinite:
     host = c.s.runner.host_state(state)
     scalars["nonfinite_skipped"] = int(jax.device_get(host.nonfinite_count))
@@ -290,12 +405,14 @@ def _loop(c: _Context, state, start: int):
   c.phase("train", start)
   for step in range(start, total):
     done = step + 1
+    c.profile.before(done)
     batch = next(c.s.train_iter)
     if c.hooks.batch is not None:
       batch = c.hooks.batch(done, batch)
     counts["tokens"] += task.count(batch)
     counts["examples"] += len(next(iter(batch.values())))
     state, metrics = runner.train(state, batch)
+    c.profile.after(done, state)
     if not loop.skip_nonfinite:
       pending[done] = metrics
     if c.preemption.reached(done):
@@ -323,6 +440,7 @@ def _loop(c: _Context, state, start: int):
   else:  # the loop ran to its end (or there was nothing left to do)
     if start >= total:  # already finished: evaluate the restored state again
       eval_metrics = evaluate(runner, state, c.s.eval_factory, ev.eval_batches)
+      eval_metrics |= _ema_eval(c, state, start, log=False)
     return eval_metrics, state
   # A preemption notice: save this step (never past a NaN) within the grace period.
   _check_finite(c, state, pending)

@@ -5,8 +5,13 @@ split)` to
   * TensorBoard (tensorboardX) under `workdir/tensorboard`, tags `"{split}/{name}"`;
   * `workdir/metrics.jsonl`, one object per line: {"step": int, "split": str, **scalars}
     (non-finite values are written as null, so every line is strict JSON);
-  * the console: `step 100/1000 (10.0%) | loss 2.3456 | lr 1.00e-03 | 12.3k tok/s |
-    ETA 0:12:34` for train, `eval @ step 100 | loss 2.1 | ...` for other splits.
+  * the trackers it was given (`trackers=`, e.g. W&B, `train/tracking.py`);
+  * the console, one short line: `step 100/2000 | loss 2.644 | lr 1.0e-03 | 10.3k tok/s |
+    MFU 31.2% | ETA 2:21` for train (`format_train_line`: loss, learning rate,
+    throughput, MFU where known and the ETA; every other metric goes to the files only),
+    `eval @ step 500 | loss 2.003 | ppl 7.41 | acc 0.412` for other splits.
+`write_hparams(config)` records the flattened config for TensorBoard's HParams tab (and
+the trackers); `write_text(step, tag, text)` a text sample (TensorBoard's Text tab).
 Only the primary process (process 0) writes; elsewhere every method is a no-op.
 
 Object-storage workdirs (`gs://...`, through `etils.epath`): such stores cannot append to
@@ -28,7 +33,6 @@ figure and atomic PNG write shared with the research plots.
 
 from __future__ import annotations
 
-import datetime
 import io
 import json
 import logging
@@ -45,10 +49,15 @@ import numpy as np
 from etils import epath
 
 from transformer.data.files import is_remote, write_atomic
+from transformer.data.progress import format_duration
 
 JSONL_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 _SPLIT = re.compile(r"^[A-Za-z0-9_]+$")
+# The scalars of the console's evaluation line, with their short names.
+EVAL_CONSOLE = {"loss": "loss", "perplexity": "ppl", "accuracy": "acc", "bleu": "bleu"}
+# The metric tags TensorBoard's HParams tab shows against the config.
+HPARAM_METRICS = ("eval/loss", "eval/accuracy", "eval/perplexity", "train/loss")
 
 
 class MetricWriter:
@@ -65,6 +74,8 @@ class MetricWriter:
     clock: seconds, monotonic (for the ETA; tests inject a fake one).
     sync_seconds: object-storage workdirs: the shortest interval between two uploads of
       the logs (`flush` and `close` upload at once).
+    trackers: objects with `log(step, scalars, split)`, `text(step, tag, text)`,
+      `hparams(config)` and `close(failed)` that get every write too (primary only).
   """
 
   def __init__(
@@ -78,6 +89,7 @@ class MetricWriter:
     print_fn: Callable[[str], Any] = print,
     clock: Callable[[], float] = time.monotonic,
     sync_seconds: float = 2.0,
+    trackers: Sequence[Any] = (),
   ):
     if not isinstance(is_primary, bool):
       raise ValueError(f"is_primary must be a bool; got {is_primary!r}")
@@ -100,6 +112,7 @@ class MetricWriter:
     self._lines: list[str] = []  # object storage: the whole JSONL log
     self._staging: str | None = None  # object storage: local folder of the event file
     self._sync_seconds, self._last_sync = sync_seconds, -math.inf
+    self._trackers = list(trackers) if is_primary else []
     if not is_primary:
       return
     if self._remote:
@@ -144,10 +157,41 @@ class MetricWriter:
       self._jsonl.flush()
     for name, value in values.items():
       self._tb.add_scalar(f"{split}/{name}", value, global_step=step)
+    for tracker in self._trackers:
+      tracker.log(step, values, split)
     if self._remote and time.monotonic() - self._last_sync >= self._sync_seconds:
       self._upload()
     if self._console:
       self._print(self._console_line(step, values, split))
+
+  def write_hparams(self, config: Mapping[str, Any]) -> dict[str, Any]:
+    """Records `config` (nested mappings, flattened to "a.b" names) as the run's
+    hyperparameters: TensorBoard's HParams tab (against `HPARAM_METRICS`) and the trackers.
+    Returns the flattened values (numbers, str, bool; other values as their repr)."""
+    flat = flatten_hparams(config)
+    if not self.is_primary:
+      return flat
+    from tensorboardX.summary import hparams
+
+    for summary in hparams(flat, dict.fromkeys(HPARAM_METRICS, 0.0)):
+      self._tb.file_writer.add_summary(summary)
+    for tracker in self._trackers:
+      tracker.hparams(config)
+    return flat
+
+  def write_text(self, step: int, tag: str, text: str) -> None:
+    """A text (e.g. a generated sample) at `step`: TensorBoard's Text tab and the trackers."""
+    if not _is_int(step) or step < 0:
+      raise ValueError(f"step must be an int >= 0; got {step!r}")
+    if not isinstance(text, str) or not isinstance(tag, str) or not tag:
+      raise ValueError(f"write_text needs a non-empty str tag and a str text; got {tag!r}")
+    if not self.is_primary:
+      return
+    # TensorBoard renders Markdown: an indented block keeps the sample's own line breaks.
+    block = "\n".join("    " + line for line in text.split("\n"))
+    self._tb.add_text(tag, block, global_step=step)
+    for tracker in self._trackers:
+      tracker.text(step, tag, text)
 
   def truncate_after(self, step: int) -> int:
     """Drops metrics.jsonl lines with step > `step` (and unparsable ones); returns the
@@ -196,7 +240,12 @@ class MetricWriter:
       if self._remote:
         self._upload()
 
-  def close(self) -> None:
+  def close(self, failed: bool = False) -> None:
+    """Closes the files (uploading them to object storage) and the trackers; `failed`: the
+    run ended with an error (trackers record it)."""
+    for tracker in self._trackers:
+      tracker.close(failed)
+    self._trackers = []
     if self._jsonl is not None:
       self._jsonl.close()
       self._jsonl = None
@@ -220,31 +269,74 @@ class MetricWriter:
   def __enter__(self) -> MetricWriter:
     return self
 
-  def __exit__(self, *exc: Any) -> None:
-    self.close()
+  def __exit__(self, exc_type: Any, *exc: Any) -> None:
+    self.close(failed=exc_type is not None)
 
   def _console_line(self, step: int, values: Mapping[str, float], split: str) -> str:
-    parts = []
-    if split == "train":
-      total = self._total_steps
-      parts.append(f"step {step}/{total} ({100 * step / total:.1f}%)" if total else f"step {step}")
+    if split != "train":
+      return format_eval_line(split, step, values)
+    now, eta = self._clock(), None
+    if self._last_train is not None and self._total_steps and step > self._last_train[0]:
+      seconds_per_step = (now - self._last_train[1]) / (step - self._last_train[0])
+      eta = max(self._total_steps - step, 0) * seconds_per_step
+    self._last_train = (step, now)
+    return format_train_line(step, self._total_steps, values, eta)
+
+
+def format_train_line(
+  step: int, total: int | None, scalars: Mapping[str, float], eta_seconds: float | None = None
+) -> str:
+  """The console's training line: `step 100/2000 | loss 2.644 | lr 1.0e-03 | 10.3k tok/s |
+  MFU 31.2% | ETA 2:21`; each part only where its scalar (`loss`, `learning_rate`,
+  `tokens_per_sec`, `mfu` as a fraction) or the ETA (seconds) is given and finite (a
+  non-finite loss is shown: it is news)."""
+  parts = [f"step {step}/{total}" if total else f"step {step}"]
+  finite = {k: v for k, v in scalars.items() if math.isfinite(v)}
+  if "loss" in scalars:
+    parts.append(f"loss {_short(scalars['loss'])}")
+  if "learning_rate" in finite:
+    parts.append(f"lr {finite['learning_rate']:.1e}")
+  if "tokens_per_sec" in finite:
+    parts.append(f"{_si(finite['tokens_per_sec'])} tok/s")
+  if "mfu" in finite:
+    parts.append(f"MFU {100 * finite['mfu']:.1f}%")
+  if eta_seconds is not None and math.isfinite(eta_seconds):
+    parts.append(f"ETA {format_duration(max(eta_seconds, 0.0))}")
+  return " | ".join(parts)
+
+
+def format_eval_line(split: str, step: int, scalars: Mapping[str, float]) -> str:
+  """The console's evaluation line: `eval @ step 500 | loss 2.003 | ppl 7.41 | acc 0.412`
+  (those of the scalars of `EVAL_CONSOLE` that are given)."""
+  parts = [f"{split} @ step {step}"]
+  parts += [f"{short} {_short(scalars[n])}" for n, short in EVAL_CONSOLE.items() if n in scalars]
+  return " | ".join(parts)
+
+
+def flatten_hparams(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  """Nested mappings (or ConfigDicts) -> {"a.b": value}: numbers, str and bool kept, other
+  values (None, tuples, lists) as their repr: what TensorBoard's HParams tab can hold."""
+  if hasattr(config, "to_dict"):
+    config = config.to_dict()
+  out: dict[str, Any] = {}
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if hasattr(value, "to_dict"):
+      value = value.to_dict()
+    if isinstance(value, Mapping):
+      out |= flatten_hparams(value, name + ".")
+    elif isinstance(value, (bool, str, int, float)):
+      out[name] = value
+    elif isinstance(value, (np.integer, np.floating, np.bool_)):
+      out[name] = value.item()
     else:
-      parts.append(f"{split} @ step {step}")
-    for name, value in values.items():
-      if name == "tokens_per_sec":
-        parts.append(f"{_si(value)} tok/s")
-      elif name == "learning_rate":
-        parts.append(f"lr {value:.2e}")
-      else:
-        parts.append(f"{name} {value:.4f}" if abs(value) < 1e5 else f"{name} {value:.4g}")
-    if split == "train":
-      now = self._clock()
-      if self._last_train is not None and self._total_steps and step > self._last_train[0]:
-        seconds_per_step = (now - self._last_train[1]) / (step - self._last_train[0])
-        remaining = max(self._total_steps - step, 0) * seconds_per_step
-        parts.append(f"ETA {datetime.timedelta(seconds=round(remaining))}")
-      self._last_train = (step, now)
-    return " | ".join(parts)
+      out[name] = repr(value)
+  return out
+
+
+def _short(value: float) -> str:
+  """4 significant digits (`2.644`, `0.01234`, `1.235e+04`)."""
+  return f"{value:.4g}"
 
 
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:

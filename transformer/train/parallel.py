@@ -164,6 +164,13 @@ class StepRunner:
       metrics = jax.tree.map(lambda x: x[0], metrics)
     return state, metrics
 
+  def lower_train(self, state: TrainState, batch: dict[str, np.ndarray]) -> Any:
+    """The train step lowered for a placed `state` and a host batch of this process's rows.
+    Compiling it compiles what `train` then runs (same shapes: no second compilation)."""
+    if self._train is None:
+      raise RuntimeError("place_state(state) first: it fixes the state's layout")
+    return self._train.lower(state, self.place_batch(batch))
+
   def eval(self, state: TrainState, batch: dict[str, np.ndarray]) -> dict:
     if self._eval is None:
       self._layout(state)

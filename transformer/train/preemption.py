@@ -12,7 +12,9 @@ restored on exit). Several processes (`jax.process_count() > 1`): the preemption
 manager that `jax.distributed.initialize` starts hears SIGTERM on any host, and
 `multihost_utils.reached_preemption_sync_point(step)`, called after every update on every
 host, turns True on all hosts at the same step, so they save the same step. No Python
-handler is installed then: it would replace the sync manager's own.
+handler is installed then: it would replace the sync manager's own. The processes then
+leave together (`distributed.watching`); one that must exit at once when the grace period
+runs out says so first (`distributed.leave_now`), so the others do not count it as lost.
 """
 
 from __future__ import annotations

@@ -19,6 +19,14 @@ Kinds (`create_schedule(kind, ...)`):
   rsqrt          linear warmup, then learning_rate * sqrt(warmup / step): the inverse
                  square root 1/sqrt(max(step, warmup)) normalised so its peak is learning_rate
   constant       learning_rate, after an optional linear warmup
+  wsd            warmup-stable-decay (Hu et al. 2024, MiniCPM; Hagele et al. 2024): linear
+                 warmup over warmup_steps, learning_rate until the last
+                 D = round(decay_fraction * total_steps) steps, then a decay of shape
+                 `decay_shape` to learning_rate * final_fraction at step = total_steps,
+                 constant after. With progress p = (step - (total_steps - D)) / D in [0, 1]:
+                   lr = final + (learning_rate - final) * shape(p)
+                 shape: linear 1 - p | cosine (1 + cos(pi p)) / 2 | 1-sqrt 1 - sqrt(p)
+                 (the "1-sqrt" cooldown of Hagele et al. 2024, Sec. 3)
 
 All schedules return a float32 scalar `jax.Array` and trace under `jax.jit`.
 """
@@ -35,15 +43,32 @@ import optax
 
 Schedule = Callable[[Any], jax.Array]  # optimizer count (int or int array) -> lr, float32 []
 
-KINDS = ("noam", "cosine", "rsqrt", "constant")
+KINDS = ("noam", "cosine", "rsqrt", "constant", "wsd")
 
 # Fields a schedule config block may carry; each kind uses a subset (see `_REQUIRED`).
-FIELDS = ("learning_rate", "warmup_steps", "total_steps", "d_model", "scale", "final_fraction")
+FIELDS = (
+  "learning_rate",
+  "warmup_steps",
+  "total_steps",
+  "d_model",
+  "scale",
+  "final_fraction",
+  "decay_fraction",
+  "decay_shape",
+)
 _REQUIRED = {
   "noam": ("d_model", "warmup_steps"),
   "cosine": ("learning_rate", "total_steps"),
   "rsqrt": ("learning_rate", "warmup_steps"),
   "constant": ("learning_rate",),
+  "wsd": ("learning_rate", "total_steps"),
+}
+
+# wsd decay shapes: progress p in [0, 1] -> the fraction of (peak - final) still applied.
+DECAY_SHAPES: dict[str, Callable[[jax.Array], jax.Array]] = {
+  "linear": lambda p: 1.0 - p,
+  "cosine": lambda p: 0.5 * (1.0 + jnp.cos(jnp.pi * p)),
+  "1-sqrt": lambda p: 1.0 - jnp.sqrt(p),
 }
 
 
@@ -137,6 +162,61 @@ def constant(learning_rate: float, warmup_steps: int = 0) -> Schedule:
   return schedule
 
 
+def wsd(
+  learning_rate: float,
+  total_steps: int,
+  warmup_steps: int = 0,
+  decay_fraction: float = 0.1,
+  decay_shape: str = "linear",
+  final_fraction: float = 0.0,
+) -> Schedule:
+  """Warmup-stable-decay: linear warmup, constant `learning_rate`, then a final decay.
+
+  Args:
+    learning_rate: peak (and stable-phase) learning rate, reached at step = warmup_steps.
+    total_steps: step at which the decay ends (includes warmup and decay); constant after.
+    warmup_steps: linear-warmup length in steps (0: start at the peak).
+    decay_fraction: share of `total_steps` in the decay, in (0, 1]; the decay lasts
+      D = round(decay_fraction * total_steps) >= 1 steps, after the warmup.
+    decay_shape: one of `DECAY_SHAPES` (linear, cosine, 1-sqrt).
+    final_fraction: learning rate at step = total_steps as a fraction of the peak, in [0, 1].
+  """
+  _check_positive("learning_rate", learning_rate)
+  _check_int("warmup_steps", warmup_steps, minimum=0)
+  _check_int("total_steps", total_steps, minimum=1)
+  _check_fraction("final_fraction", final_fraction)
+  if (
+    isinstance(decay_fraction, bool)
+    or not isinstance(decay_fraction, (int, float))
+    or not (0.0 < decay_fraction <= 1.0)
+  ):
+    raise ValueError(f"decay_fraction must be a number in (0, 1]; got {decay_fraction!r}")
+  if decay_shape not in DECAY_SHAPES:
+    raise ValueError(f"decay_shape must be one of {list(DECAY_SHAPES)}; got {decay_shape!r}")
+  decay_steps = round(decay_fraction * total_steps)
+  if decay_steps < 1:
+    raise ValueError(
+      f"decay_fraction={decay_fraction} gives round({decay_fraction} * total_steps="
+      f"{total_steps}) = 0 decay steps; expected >= 1"
+    )
+  if warmup_steps + decay_steps > total_steps:
+    raise ValueError(
+      f"warmup_steps + decay steps must be <= total_steps for a wsd schedule; got "
+      f"warmup_steps={warmup_steps} + {decay_steps} (decay_fraction={decay_fraction}) > "
+      f"total_steps={total_steps}"
+    )
+  decay_start = total_steps - decay_steps
+  final = learning_rate * final_fraction
+  shape = DECAY_SHAPES[decay_shape]
+
+  def schedule(count: Any) -> jax.Array:
+    step = _step(count)
+    progress = jnp.clip((step - decay_start) / decay_steps, 0.0, 1.0)
+    return _warmup_factor(step, warmup_steps) * (final + (learning_rate - final) * shape(progress))
+
+  return schedule
+
+
 def create_schedule(kind: str, **fields: Any) -> Schedule:
   """Builds the schedule `kind` from the fields of a config block.
 
@@ -148,7 +228,9 @@ def create_schedule(kind: str, **fields: Any) -> Schedule:
     **fields: any of `FIELDS`; a field the kind does not use is ignored (so one block
       can carry every field), a required one that is missing or None is an error.
       learning_rate (peak), warmup_steps, total_steps, d_model, scale (noam multiplier,
-      default 1.0), final_fraction (cosine end as a fraction of the peak, default 0.0).
+      default 1.0), final_fraction (cosine / wsd end as a fraction of the peak, default
+      0.0), decay_fraction (wsd decay share of total_steps, default 0.1), decay_shape
+      (wsd: linear | cosine | 1-sqrt, default linear).
 
   Raises:
     ValueError: naming the field, for an unknown kind or field, a missing required
@@ -174,6 +256,14 @@ _BUILDERS: dict[str, Callable[[dict[str, Any], int], Schedule]] = {
   ),
   "rsqrt": lambda f, warmup: warmup_rsqrt(f["learning_rate"], warmup),
   "constant": lambda f, warmup: constant(f["learning_rate"], warmup),
+  "wsd": lambda f, warmup: wsd(
+    f["learning_rate"],
+    f["total_steps"],
+    warmup,
+    f.get("decay_fraction", 0.1),
+    f.get("decay_shape", "linear"),
+    f.get("final_fraction", 0.0),
+  ),
 }
 
 

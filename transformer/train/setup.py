@@ -20,8 +20,9 @@ from etils import epath
 from transformer.convert import tokenizers as _  # noqa: F401  (load_tokenizer: 'pretrained')
 from transformer.data.datasets import DataInfo, make_datasets
 from transformer.data.files import write_atomic
-from transformer.nn import partitioning
+from transformer.nn import lora, partitioning
 from transformer.nn.config import ModelConfig
+from transformer.nn.kernels import resolve_attention_impl
 from transformer.nn.models import build_model
 from transformer.tasks import Task
 from transformer.train import finetune
@@ -60,7 +61,10 @@ def init_params(model, task: Task, info: DataInfo, seed: int) -> Any:
   """Float32 parameters of `model`, shaped by one row of the task's batches."""
   args, kwargs = task.init_args(zeros_batch(info, rows=1))
   rng = jax.random.PRNGKey(seed)
-  return jax.jit(lambda r: model.init(r, *args, **kwargs))(rng)["params"]
+  init = lambda r: model.init(r, *args, **kwargs)
+  if model.config.lora_rank:  # a LoRA target matching nothing: one line, before compiling
+    lora.check_targets(model.config, jax.eval_shape(init, rng)["params"])
+  return jax.jit(init)(rng)["params"]
 
 
 def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
@@ -69,7 +73,10 @@ def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
   `perturb` is the step's optional hook (`StepConfig.perturb`).
   """
   loop = exp.loop
+  attention_impl, why = resolve_attention_impl(exp.model)  # a missing GPU / TPU fails here
+  print(f"attention: {attention_impl} ({why})")
   exp = dataclasses.replace(exp, data=finetune.hf_tokenizer_data(loop.init_from, exp.data, workdir))
+  finetune.record_pretrained(exp, workdir)  # resumes and eval.py read it, not the checkpoint
   train_iter, eval_factory, info = make_datasets(
     exp.data, exp.task.data_spec(), workdir, loop.batch_size, loop.seq_len, loop.seed
   )
@@ -79,9 +86,11 @@ def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
   longest = max(info.seq_len, info.target_seq_len)
   if not exp.task.images and longest > model_cfg.max_len:
     raise ValueError(f"config.seq_len={longest} exceeds config.model.max_len={model_cfg.max_len}")
-  model = build_model(model_cfg)
+  model = build_model(model_cfg.replace(attention_impl=attention_impl))
   params = init_params(model, exp.task, info, loop.seed)
-  tx = create_optimizer(exp.optimizer, exp.schedule, params)
+  tx = create_optimizer(
+    exp.optimizer, exp.schedule, params, trainable=lora.trainable(model_cfg, params)
+  )
   step_cfg = StepConfig(
     model=model,
     tx=tx,
@@ -91,12 +100,14 @@ def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
     grad_accum_steps=loop.grad_accum_steps,
     schedule=exp.schedule,
     perturb=perturb,
+    ema_decay=exp.ema.ema_decay,
+    ema_warmup=exp.ema.ema_warmup,
   )
   mesh = partitioning.make_mesh(exp.mesh.shape())
   runner = StepRunner(step_cfg, loop.parallelism, mesh, exp.rules)
   runner.check_batch_size(info.batch_size // loop.grad_accum_steps, "batch_size / grad_accum_steps")
   runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
-  state = create_train_state(params, tx, jax.random.PRNGKey(loop.seed + 1))
+  state = create_train_state(params, tx, jax.random.PRNGKey(loop.seed + 1), ema=exp.ema.enabled)
   return Setup(exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state)
 
 

@@ -5,6 +5,15 @@ compiled once by `jax.jit` (mesh shardings; the global batch is one array) or `j
 (`axis_name`: gradients and sums are psum-ed). The loss is the label-smoothed
 cross-entropy summed over all weighted tokens of the global batch, divided by their
 count, so jit, pmap, one device and gradient accumulation all optimise the same number.
+A mixture-of-experts model adds its weighted balance and router z-losses (means over the
+forward pass's tokens, `Task.forward_with_aux`) times that pass's token count to the sum.
+
+With `StepConfig.ema_decay` = d > 0 the state also carries `ema_params`, an exponential
+moving average of the parameters updated after every applied update:
+  ema <- d_t * ema + (1 - d_t) * params_new,   d_t = d, or with `ema_warmup`
+  d_t = min(d, (1 + t) / (10 + t)), t = the updates applied before this one (0, 1, ...),
+the warmup of TensorFlow's `ExponentialMovingAverage(num_updates=t)`. It starts equal to
+the initial parameters; a skipped (NaN/Inf) update leaves it unchanged with the rest.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ class TrainState:
   rng: jax.Array  # uint32 [2]: base key of the dropout randomness
   nonfinite_count: jax.Array  # int32 scalar: updates not applied because of NaN/Inf
   first_nonfinite_step: jax.Array  # int32 scalar: step number of the first such update, or -1
+  ema_params: Any = None  # EMA of params (StepConfig.ema_decay > 0), else None (no leaves)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,9 +67,14 @@ class StepConfig:
   # (update count before this step, sums, grads) -> (sums, grads): a hook applied after the
   # gradients are summed and before the optimizer (tests inject faults through it).
   perturb: Callable[[jax.Array, dict, Any], tuple[dict, Any]] | None = None
+  ema_decay: float = 0.0  # decay of the parameter EMA (0 = none; the state then has none)
+  ema_warmup: bool = False  # decay min(ema_decay, (1 + t) / (10 + t)) at update count t
 
 
-def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.Array) -> TrainState:
+def create_train_state(
+  params: Any, tx: optax.GradientTransformation, rng: jax.Array, ema: bool = False
+) -> TrainState:
+  """The state before the first update; `ema`: also an EMA of the parameters (a copy)."""
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
@@ -67,24 +82,57 @@ def create_train_state(params: Any, tx: optax.GradientTransformation, rng: jax.A
     rng=jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng,
     nonfinite_count=jnp.zeros((), jnp.int32),
     first_nonfinite_step=jnp.full((), -1, jnp.int32),
+    ema_params=copy_params(params) if ema else None,
   )
+
+
+def copy_params(params: Any) -> Any:
+  """New buffers with the values of `params` (an EMA must not alias the donated params)."""
+  return jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+
+
+def ema_decay_at(step: jax.Array, decay: float, warmup: bool) -> jax.Array:
+  """The EMA decay of the update applied at state step `step` (float32 scalar)."""
+  d = jnp.float32(decay)
+  if not warmup:
+    return d
+  t = jnp.asarray(step, jnp.float32)
+  return jnp.minimum(d, (1.0 + t) / (10.0 + t))
+
+
+def _update_ema(cfg: StepConfig, state: TrainState, params: Any) -> Any:
+  if cfg.ema_decay == 0.0:
+    return state.ema_params
+  if state.ema_params is None:
+    raise ValueError(
+      "StepConfig.ema_decay > 0 but the train state has no ema_params; build it with "
+      "create_train_state(..., ema=True)"
+    )
+  d = ema_decay_at(state.step, cfg.ema_decay, cfg.ema_warmup)
+  return jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, state.ema_params, params)
 
 
 def _sums(cfg: StepConfig, params, batch: Batch, rng, deterministic: bool):
   """Summed loss of one (micro-)batch and the sums behind the metrics."""
   rngs = {"dropout": rng} if rng is not None else {}
-  logits, targets, weights = cfg.task.forward(
+  logits, targets, weights, aux = cfg.task.forward_with_aux(
     cfg.model, {"params": params}, batch, deterministic, rngs
   )
   loss_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
     logits, targets, weights, cfg.label_smoothing, cfg.z_loss
   )
   correct, _ = losses.accuracy_sum(logits, targets, weights)
+  # Mixture-of-experts losses are means over this forward pass: weighted by its tokens,
+  # they enter the global sum like the cross-entropy (`moe.aux_losses`).
+  aux = {k: v * weight_sum for k, v in aux.items()}
+  if aux:
+    loss_sum = loss_sum + aux.pop("loss")
   sums = {
     "loss_sum": loss_sum,
     "weight_sum": weight_sum,
     "nll_sum": extra["nll_sum"],
     "correct_sum": correct,
+    **{f"{k}_sum": v for k, v in aux.items()},  # moe_balance_loss_sum, moe_router_z_loss_sum
   }
   return loss_sum, (sums, extra["normalizing_offset"])
 
@@ -154,8 +202,14 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
     "update_norm": update_norm,
     "learning_rate": cfg.schedule(state.step) if cfg.schedule is not None else jnp.nan,
     "nonfinite_inputs": (~inputs_finite).astype(jnp.float32),  # 1: a NaN/Inf in the batch
+    **{k.removesuffix("_sum"): v / denom for k, v in sums.items() if k.startswith("moe_")},
   }
-  new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+  new_state = state.replace(
+    step=state.step + 1,
+    params=params,
+    opt_state=opt_state,
+    ema_params=_update_ema(cfg, state, params),
+  )
   # A NaN/Inf update is never applied: the old weights and optimizer state are kept and the
   # event is recorded. The loop stops on it, or with skip_nonfinite moves on and counts it.
   new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
@@ -187,4 +241,5 @@ def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
     "perplexity": math.exp(min(nll, 700.0)),
     "nll": nll,
     "tokens": sums["weight_sum"],
+    **{k.removesuffix("_sum"): v / w for k, v in sums.items() if k.startswith("moe_")},
   }

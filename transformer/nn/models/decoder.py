@@ -30,6 +30,7 @@ class DecoderLM(nn.Module):
     deterministic: bool = True,
     decode: bool = False,
     prefix_mask: jax.Array | None = None,
+    last_logits: bool = False,
   ) -> jax.Array:
     """tokens: [B, T] ints -> float32 logits [B, T, V].
 
@@ -39,6 +40,7 @@ class DecoderLM(nn.Module):
     prefix_mask: [B, T] (1 = prefix token) makes a prefix-LM: key s is visible to query t
     iff same segment and (s <= t or both are in the prefix). When decoding, the prefix
     comes whole in one call (the prefill).
+    last_logits: the logits of the last position only, [B, 1, V] (what a prefill needs).
     """
     c = self.config
     positions = default_positions(tokens) if positions is None else positions
@@ -52,6 +54,8 @@ class DecoderLM(nn.Module):
       prefix=prefix_mask,
     )
     x = Stack(c, c.num_layers, name="decoder")(x, info, deterministic=deterministic, decode=decode)
+    if last_logits:
+      x = x[:, -1:]  # [B, 1, D]
     if c.scale_logits:
       x = x * jnp.asarray(c.d_model**-0.5, x.dtype)  # [B, T, D]
     if c.tie_embeddings:
@@ -81,4 +85,4 @@ def param_count(c: ModelConfig) -> int:
 
 def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = None) -> float:
   del mlm_predictions
-  return c.num_layers * counts.layer_flops(c, seq_len) + 2 * c.d_model * c.vocab_size
+  return counts.stack_flops(c, c.num_layers, seq_len) + 2 * c.d_model * c.vocab_size

@@ -156,4 +156,4 @@ def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = No
   head = 2 * (c.d_model * c.d_model + c.d_model * c.vocab_size)  # MLM transform + logits
   if mlm_predictions is not None:
     head *= mlm_predictions / seq_len
-  return c.num_layers * counts.layer_flops(c, seq_len) + head
+  return counts.stack_flops(c, c.num_layers, seq_len) + head

@@ -5,6 +5,9 @@ Source and target share one vocabulary and one embedding table; with `tie_embedd
 the output logits also use it (Vaswani et al. 3.4). T5 (transformer/convert/t5.py):
 relative_t5 positions, pre-RMSNorm, no biases, `attention_scale=1.0`, ReLU (v1.0) or
 `geglu_tanh` (v1.1) feed-forward, `scale_logits` (v1.0) or an untied head (v1.1).
+`sliding_window` W bounds both self-attentions (encoder |t - s| < W, decoder
+0 <= t - s < W); cross-attention sees the whole source, since a window relates positions
+of one sequence and source and target positions are not aligned.
 """
 
 from __future__ import annotations
@@ -51,12 +54,16 @@ class EncoderDecoder(nn.Module):
     """inputs [B, S] -> encoded [B, S, D]."""
     positions = default_positions(inputs) if inputs_positions is None else inputs_positions
     x = self.encoder_embedder(inputs, positions, deterministic)  # [B, S, D]
-    info = MaskInfo.create(_segments(inputs, inputs_segment_ids), q_positions=positions)
+    info = MaskInfo.create(
+      _segments(inputs, inputs_segment_ids),
+      q_positions=positions,
+      window=self.config.sliding_window,
+    )  # bidirectional window: |t - s| < sliding_window
     return self.encoder(x, info, deterministic=deterministic)
 
   def decode(
     self,
-    encoded: jax.Array,
+    encoded: jax.Array | None,
     inputs_segment_ids: jax.Array,
     decoder_inputs: jax.Array,
     targets_segment_ids: jax.Array | None = None,
@@ -67,7 +74,11 @@ class EncoderDecoder(nn.Module):
     """Decoder inputs [B, T] (already shifted) over encoded [B, S, D] -> logits [B, T, V].
 
     inputs_segment_ids: [B, S] source segments (0 = padding). When decoding with the
-    cache, pass the new tokens and their absolute `targets_positions`.
+    cache, pass the new tokens and their absolute `targets_positions`; `encoded` is needed
+    at the first call only: each layer projects its cross-attention keys and values from
+    it once into the cache, and later calls pass None and read them there. Those calls
+    may hold r rows per source (beams: rows b * r ... b * r + r - 1 decode source b,
+    whose cached keys and segment ids [B, S] they share).
     """
     c = self.config
     positions = (
@@ -134,6 +145,6 @@ def param_count(c: ModelConfig) -> int:
 def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = None) -> float:
   # Tokens are counted on the target side; source and target lengths are taken equal.
   del mlm_predictions
-  body = c.num_layers * counts.layer_flops(c, seq_len)
-  body += c.decoder_layers * counts.layer_flops(c, seq_len, cross=True)
+  body = counts.stack_flops(c, c.num_layers, seq_len)
+  body += counts.stack_flops(c, c.decoder_layers, seq_len, cross=True)
   return body + 2 * c.d_model * c.vocab_size

@@ -1,6 +1,8 @@
 """Vision Transformer (Dosovitskiy et al. 2021): patches as tokens, [CLS] or mean pooling.
 
 Letters: B batch, P patch side, G = image_size / P, D model dim, C classes.
+`sliding_window` W: token t sees tokens s with |t - s| < W in the token order ([CLS],
+then the patches row by row), a band over the flattened grid rather than a 2-D window.
 """
 
 from __future__ import annotations
@@ -55,9 +57,9 @@ class VisionTransformer(nn.Module):
       pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, x.shape[1], c.d_model))
       x = x + pos.astype(dtype)  # [B, 1 + G*G, D]
     x = make_dropout(c)(x, deterministic=deterministic)
-    info = MaskInfo.create(jnp.ones(x.shape[:2], jnp.int32)).replace(
+    info = MaskInfo.create(jnp.ones(x.shape[:2], jnp.int32), window=c.sliding_window).replace(
       q_segment_ids=None, kv_segment_ids=None
-    )
+    )  # no padding; a sliding window bounds |t - s| over the token order ([CLS] first)
     x = Stack(c, c.num_layers, name="encoder")(x, info, deterministic=deterministic)
     pooled = x[:, 0] if c.pooling == "cls" else x.mean(axis=1)  # [B, D]
     head = make_dense(c, c.num_classes, "head", use_bias=True, kernel_init=nn.initializers.zeros)
@@ -105,4 +107,4 @@ def param_count(c: ModelConfig) -> int:
 def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = None) -> float:
   del mlm_predictions
   patch = 2 * c.patch_size**2 * c.num_channels * c.d_model  # patch embedding per image token
-  return c.num_layers * counts.layer_flops(c, seq_len) + patch
+  return counts.stack_flops(c, c.num_layers, seq_len) + patch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -9,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.nn.masks import MaskInfo
+from transformer.nn.masks import BlockBias, MaskInfo
 from transformer.nn.positions.base import Position
 
 
@@ -41,11 +42,14 @@ def alibi_bias(q_positions: jax.Array, kv_positions: jax.Array, num_heads: int) 
   return -slopes[None, :, None, None] * distance[:, None].astype(jnp.float32)  # [B, N, T, S]
 
 
+def _alibi_block(num_heads: int, params: None, q, q_positions, kv_positions) -> jax.Array:
+  del params, q
+  return alibi_bias(q_positions, kv_positions, num_heads)
+
+
 class Alibi(Position):
   """Bias -slope_n * |t - s| on every self-attention layer; no parameters."""
 
-  def bias(
-    self, module: nn.Module, q: jax.Array, info: MaskInfo, table: jax.Array | None
-  ) -> jax.Array:
-    del module, q, table
-    return alibi_bias(info.q_positions, info.kv_positions, self.config.num_heads)
+  def bias(self, module: nn.Module, info: MaskInfo, table: jax.Array | None) -> BlockBias:
+    del module, info, table
+    return BlockBias(functools.partial(_alibi_block, self.config.num_heads))

@@ -7,7 +7,10 @@ A kind acts through the hooks it overrides, called by the model at these points:
   embed(module, x, positions)      added to the token embeddings (inside `Embedder`)
   shared_table(module)             one table shared by every layer of a stack (`Stack`)
   rotate(x, positions)             rotates self-attention queries and keys (`MultiHeadAttention`)
-  bias(module, q, info, table)     additive term on the self-attention logits [B, N, T, S]
+  bias(module, info, table)        additive term on the self-attention logits, as a
+                                   `masks.BlockBias`: a function of the queries and the
+                                   positions of a (query block, key block), so the chunked
+                                   attention builds it per block and the others whole
 
 `module` is the calling Flax module: parameters a hook creates live in its scope, so their
 paths are those of the calling layer. The counting hooks give the parameters each hook
@@ -24,7 +27,7 @@ import jax
 
 if TYPE_CHECKING:
   from transformer.nn.config import ModelConfig
-  from transformer.nn.masks import MaskInfo
+  from transformer.nn.masks import BlockBias, MaskInfo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,11 +51,10 @@ class Position:
     del positions
     return x
 
-  def bias(
-    self, module: nn.Module, q: jax.Array, info: MaskInfo, table: jax.Array | None
-  ) -> jax.Array | None:
-    """Float32 logit bias [B|1, N, T, S] of self-attention with queries q [B, T, N, H]."""
-    del module, q, info, table
+  def bias(self, module: nn.Module, info: MaskInfo, table: jax.Array | None) -> BlockBias | None:
+    """The self-attention logit bias at the positions of `info` (float32 [B|1, N, T, S]
+    when built whole), or None."""
+    del module, info, table
     return None
 
   def validate(self) -> None:

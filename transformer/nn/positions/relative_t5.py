@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import flax.linen as nn
@@ -9,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.nn.config import fail
-from transformer.nn.masks import MaskInfo
+from transformer.nn.masks import BlockBias, MaskInfo
 from transformer.nn.positions.base import Position
 
 
@@ -53,6 +54,13 @@ def t5_relative_bias(
   return bias.transpose(0, 3, 1, 2).astype(jnp.float32)  # [B, N, T, S]
 
 
+def _t5_block(
+  bidirectional: bool, max_distance: int, table, q, q_positions, kv_positions
+) -> jax.Array:
+  del q
+  return t5_relative_bias(table, q_positions, kv_positions, bidirectional, max_distance)
+
+
 class RelativeT5(Position):
   """One table 'rel_embedding' [buckets, N] per stack, shared by its layers (as in T5).
 
@@ -65,13 +73,10 @@ class RelativeT5(Position):
       "rel_embedding", nn.initializers.normal(0.02), (c.relative_num_buckets, c.num_heads)
     )
 
-  def bias(
-    self, module: nn.Module, q: jax.Array, info: MaskInfo, table: jax.Array | None
-  ) -> jax.Array:
-    del module, q
-    return t5_relative_bias(
-      table, info.q_positions, info.kv_positions, not info.causal, self.config.relative_max_distance
-    )
+  def bias(self, module: nn.Module, info: MaskInfo, table: jax.Array | None) -> BlockBias:
+    del module
+    fn = functools.partial(_t5_block, not info.causal, self.config.relative_max_distance)
+    return BlockBias(fn, table)
 
   def validate(self) -> None:
     # Buckets split per direction, then half exact: max_exact = buckets // 4 (encoder) or

@@ -30,7 +30,13 @@ Rules on top of orbax:
     chunk silently) is moved to `<directory>/corrupt/<step>` (never deleted) with a
     `CorruptCheckpointWarning` naming what was wrong, and the next newest is tried;
   * nothing is unpickled: orbax reads JSON and tensorstore arrays, and files planted
-    beside them (e.g. a `.pkl` or `.npy`) are never opened.
+    beside them (e.g. a `.pkl` or `.npy`) are never opened;
+  * a step exists once its write committed (`committed_steps`: orbax's temporary folder
+    renamed on a local disk, `commit_success.txt` written last on object storage); the
+    first save of a run removes the partial writes of earlier ones (`partial_writes`);
+  * a write that fails (disk full, storage unreachable past its retries) raises
+    `CheckpointWriteError` at the next save, wait or close: one line naming the step, the
+    error and the latest complete checkpoint, which is kept; its partial folder is removed.
 
 Modules:
   manager        `CheckpointManager` (save / restore / best / fallback) and `Restored`
@@ -39,14 +45,23 @@ Modules:
 """
 
 from transformer.train.checkpoints.integrity import CORRUPT_DIR, CorruptCheckpointWarning
-from transformer.train.checkpoints.manager import CheckpointManager, Restored
+from transformer.train.checkpoints.manager import (
+  CheckpointManager,
+  CheckpointWriteError,
+  Restored,
+  committed_steps,
+  partial_writes,
+)
 from transformer.train.checkpoints.serialisation import config_to_json, write_config
 
 __all__ = [
   "CORRUPT_DIR",
   "CheckpointManager",
+  "CheckpointWriteError",
   "CorruptCheckpointWarning",
   "Restored",
+  "committed_steps",
   "config_to_json",
+  "partial_writes",
   "write_config",
 ]

@@ -10,9 +10,11 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import re
-from collections.abc import Mapping
-from typing import Any
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import jax
 import numpy as np
@@ -26,6 +28,79 @@ from transformer.train.checkpoints import integrity, serialisation
 STATE, DATA, CONFIG, CHECKSUMS = "state", "data", "config", "checksums"
 LEGACY_DATA_FILE = "metadata"  # the data item of checkpoints written with one JSON state
 _DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")  # grain's file per process
+_PARTIAL_LOCAL = re.compile(r"(\d+)\.orbax-checkpoint-tmp.*")  # a local write in progress
+
+
+class CheckpointWriteError(RuntimeError):
+  """A checkpoint could not be written (disk full, storage unreachable, ...); it was not
+  committed, and the previous checkpoints are kept."""
+
+
+def committed_steps(directory: str | epath.PathLike) -> list[int]:
+  """The steps in `directory` whose write was committed, by orbax's rule: the temporary
+  folder renamed to `<step>` (local disks), `<step>/commit_success.txt` written last
+  (object storage, no atomic rename). Partial writes are never listed."""
+  return sorted(ocp.path.step.checkpoint_steps(directory))
+
+
+def partial_writes(directory: str | epath.PathLike) -> list[epath.Path]:
+  """Folders of checkpoint writes that never committed: `<step>.orbax-checkpoint-tmp-*`
+  (local), `<step>/` without `commit_success.txt` (object storage)."""
+  directory = epath.Path(directory)
+  if not directory.exists():
+    return []
+  found = []
+  for path in directory.iterdir():
+    if _PARTIAL_LOCAL.fullmatch(path.name):
+      found.append(path)
+    elif path.name.isdigit() and not ocp.path.step.is_path_finalized(path):
+      found.append(path)
+  return sorted(found, key=lambda p: p.name)
+
+
+def describe_latest(directory: str | epath.PathLike, seconds: float = 10.0) -> str:
+  """'step N' (the newest committed step) or 'none', read within `seconds` (the storage
+  may be what failed): else 'unknown (...)'."""
+  found: list[Any] = []
+
+  def read() -> None:
+    try:
+      found.append(committed_steps(directory))
+    except Exception as e:  # the storage failed again: say so
+      found.append(e)
+
+  reader = threading.Thread(target=read, name="checkpoint-listing", daemon=True)
+  reader.start()
+  reader.join(seconds)
+  if not found:
+    return f"unknown ({directory} did not answer within {seconds:g}s)"
+  if isinstance(found[0], Exception):
+    return f"unknown ({_one_line(found[0])})"
+  return f"step {max(found[0])}" if found[0] else "none"
+
+
+class _OneLineOrbaxErrors(logging.Filter):
+  """Orbax's own error records (a failed write, logged with its traceback from each thread
+  it crosses) as one line each: `CheckpointWriteError` says what happened."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
+      error = record.exc_info[1]
+      message = record.getMessage().splitlines()[0][:200]
+      record.msg, record.args = f"{message} ({_one_line(error)})" if error else message, ()
+      record.exc_info = record.exc_text = None
+    return True
+
+
+def _quiet_orbax_tracebacks() -> None:
+  absl_logger = logging.getLogger("absl")  # orbax logs through absl
+  if not any(isinstance(f, _OneLineOrbaxErrors) for f in absl_logger.filters):
+    absl_logger.addFilter(_OneLineOrbaxErrors())
+
+
+def _one_line(e: BaseException) -> str:
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 class _DataState:
@@ -156,6 +231,11 @@ class CheckpointManager:
       },
     )
     self._barriers = 0
+    self._writing: int | None = None  # the step of the asynchronous write in flight
+    self._last_write: int | None = None  # the step of the last write started
+    self._failed = False  # a write failed (reported once)
+    _quiet_orbax_tracebacks()
+    self._swept = False  # partial writes of earlier runs removed (at the first save)
 
   @property
   def directory(self) -> epath.Path:
@@ -172,17 +252,74 @@ class CheckpointManager:
     return self._manager.best_step()
 
   def wait_until_finished(self) -> None:
-    """Blocks until pending asynchronous saves (and old-step cleanup) are done."""
-    self._manager.wait_until_finished()
+    """Blocks until pending asynchronous saves (and old-step cleanup) are done.
+
+    Raises:
+      CheckpointWriteError: the write in flight failed (one line: the step, the storage
+        error, the latest complete checkpoint); its partial folder is removed.
+    """
+    try:
+      self._manager.wait_until_finished()
+    except Exception as error:
+      if not self._failed:  # else: the failure already reported, seen again
+        self._write_failed(self._writing, error)
+    self._writing = None
 
   def close(self) -> None:
-    self._manager.close()
+    """Waits for the write in flight and closes; `CheckpointWriteError` as in `wait`."""
+    failed = None
+    try:
+      self.wait_until_finished()
+    except CheckpointWriteError as e:
+      failed = e
+    try:
+      self._manager.close()  # its metadata writes may fail too: the same step
+    except Exception as error:
+      if failed is None and not self._failed:
+        self._write_failed(self._last_write, error)
+    if failed is not None:
+      raise failed
 
   def __enter__(self) -> CheckpointManager:
     return self
 
-  def __exit__(self, *exc: Any) -> None:
-    self.close()
+  def __exit__(self, kind: Any, *exc: Any) -> None:
+    try:
+      self.close()
+    except CheckpointWriteError as e:
+      if kind is None:
+        raise
+      logging.error("%s", e)  # another error is on its way: do not replace it
+
+  def _write_failed(self, step: int | None, error: BaseException) -> NoReturn:
+    """Raises `CheckpointWriteError` for the failed write of `step`, after removing what
+    it left (best effort: the storage may still be failing)."""
+    self._writing, self._failed = None, True
+    if jax.process_index() == 0:
+      try:
+        for path in partial_writes(self._directory):
+          if step is None or path.name.split(".")[0] == str(step):
+            path.rmtree(missing_ok=True)
+      except Exception as e:  # the storage is still failing: the next run sweeps it
+        logging.warning("could not remove the partial checkpoint write: %s", _one_line(e))
+    what = f"checkpoint step {step}" if step is not None else "a checkpoint"
+    raise CheckpointWriteError(
+      f"{what} could not be written to {self._directory} ({_one_line(error)}); it was not "
+      f"committed, and the latest complete checkpoint is {describe_latest(self._directory)} "
+      "(kept). Free space or restore access to the storage, then rerun the same command to "
+      "resume from it"
+    ) from error
+
+  def _sweep_partial_writes(self) -> None:
+    """Removes the partial writes of earlier runs (killed, or stopped by a failed write);
+    at the first save of a run, which holds the workdir's lock, so no write is in flight."""
+    self._swept = True
+    if jax.process_index() == 0:
+      for path in partial_writes(self._directory):
+        logging.warning("removing the partial checkpoint write %s (never committed)", path)
+        path.rmtree(missing_ok=True)
+    if jax.process_count() > 1:
+      ocp.multihost.sync_global_processes("transformer_ckpt_sweep_partial_writes")
 
   def save(
     self,
@@ -215,6 +352,9 @@ class CheckpointManager:
     if config is not None:
       items[CONFIG] = ocp.args.JsonSave(serialisation.config_to_json(config))
     metrics = _check_metrics(metrics, self._best_metric)
+    self.wait_until_finished()  # a failed previous write stops here, naming its step
+    if not self._swept:
+      self._sweep_partial_writes()
     latest = self.latest_step()
     if step in self.all_steps() or (self._directory / str(step)).exists():
       logging.warning(
@@ -224,7 +364,15 @@ class CheckpointManager:
     if latest is not None and step < latest:
       logging.warning("step %d is before the latest checkpoint %d; not saved", step, latest)
       return False
-    return self._manager.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+    try:
+      started = self._manager.save(
+        step, args=ocp.args.Composite(**items), metrics=metrics, force=True
+      )
+    except Exception as error:
+      self._write_failed(step, error)
+    if started:
+      self._writing = self._last_write = step
+    return started
 
   def check_compatible(self, target: Any, step: int, *, check_dtypes: bool = True) -> None:
     """Raises ValueError naming every path where the checkpoint at `step` and `target`
@@ -233,7 +381,12 @@ class CheckpointManager:
     serialisation.compare(self._state_metadata(step), target, check_dtypes)
 
   def restore(
-    self, target: Any, step: int | None = None, *, check_dtypes: bool = True
+    self,
+    target: Any,
+    step: int | None = None,
+    *,
+    check_dtypes: bool = True,
+    optional: Sequence[str] = (),
   ) -> Restored | None:
     """Restores `step` (None: the newest valid checkpoint) into the layout of `target`.
 
@@ -243,6 +396,9 @@ class CheckpointManager:
         the first local device (single-process only). Python scalar leaves stay scalars.
       step: the step to restore; None picks the newest, moving corrupt ones aside.
       check_dtypes: also require dtypes to match (False: cast to the target's dtype).
+      optional: top-level fields of `target` (a dataclass or mapping) that a checkpoint
+        may lack: one holding none of a field's leaves restores it as None (a run that
+        turned on the parameter EMA resumes a checkpoint written without one).
 
     Returns:
       `Restored`, or None when `step` is None and there is no valid checkpoint. Its data
@@ -258,12 +414,12 @@ class CheckpointManager:
       if not _is_int(step) or step not in self.all_steps():
         raise ValueError(f"step must be one of the saved steps {self.all_steps()}; got {step!r}")
       try:
-        return self._restore_step(step, target, check_dtypes)
+        return self._restore_step(step, target, check_dtypes, optional)
       except integrity.Corrupt as e:
         raise ValueError(f"checkpoint at step {step} in {self.directory} is corrupt: {e}") from e
     for candidate in sorted(self.all_steps(), reverse=True):
       try:
-        return self._restore_step(candidate, target, check_dtypes)
+        return self._restore_step(candidate, target, check_dtypes, optional)
       except integrity.Corrupt as e:
         self._barriers += 1
         barrier = f"transformer_ckpt_move_aside_{candidate}_{self._barriers}"
@@ -298,14 +454,19 @@ class CheckpointManager:
       raise integrity.Corrupt("the state item or its metadata is missing")
     return tree
 
-  def _restore_step(self, step: int, target: Any, check_dtypes: bool) -> Restored:
-    serialisation.compare(self._state_metadata(step), target, check_dtypes)
+  def _restore_step(
+    self, step: int, target: Any, check_dtypes: bool, optional: Sequence[str] = ()
+  ) -> Restored:
+    metadata = self._state_metadata(step)
+    target = serialisation.without_absent(metadata, target, optional)
+    serialisation.compare(metadata, target, check_dtypes)
+    item, rebuild = serialisation.restorable(metadata, target)
     step_dir = self._directory / str(step)
     legacy = (step_dir / DATA / LEGACY_DATA_FILE).exists()
     processes = None if legacy else _data_processes(step_dir / DATA)
     read_data = processes == jax.process_count()  # other counts: see `resumable_data_state`
     integrity.agree(_data_problem(step_dir / DATA, legacy, read_data))
-    items = {STATE: ocp.args.StandardRestore(target)}
+    items = {STATE: ocp.args.StandardRestore(item)}
     for name in (CHECKSUMS, CONFIG):
       if (step_dir / name).exists():
         items[name] = ocp.args.JsonRestore()
@@ -316,15 +477,16 @@ class CheckpointManager:
     except Exception as error:
       self._diagnose(step, items)  # raises Corrupt when the files are at fault
       raise error
+    state = rebuild(restored[STATE])
     if restored.get(CHECKSUMS) is not None:
-      integrity.verify(restored[CHECKSUMS], restored[STATE])
+      integrity.verify(restored[CHECKSUMS], state)
     if legacy:
       data_state = json.loads((step_dir / DATA / LEGACY_DATA_FILE).read_text())
     else:
       data_state = restored[DATA].state if read_data else None
     return Restored(
       step,
-      restored[STATE],
+      state,
       data_state,
       restored.get(CONFIG),
       data_processes=processes,

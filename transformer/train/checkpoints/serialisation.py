@@ -4,6 +4,10 @@ leaf_names / leaf_label  a pytree key path as orbax names the leaf ('a/b/c')
 compare                  the checkpoint's tree against a restore target: one `ValueError`
                          listing every missing, unexpected, reshaped, retyped or
                          unshardable path
+without_absent           the target without the optional top-level fields a checkpoint
+                         lacks (set to None)
+restorable               what orbax restores for a target whose None fields a checkpoint
+                         written before those fields existed does not name at all
 config_to_json           a ConfigDict / dataclass / mapping as a JSON-ready dict
 write_config             that dict as `workdir/config.json`, atomically
 """
@@ -12,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -89,6 +93,39 @@ def compare(metadata_tree: Any, target: Any, check_dtypes: bool) -> None:
       lines.append(f"  {category} ({len(paths)}):\n    {shown}{more}")
   if lines:
     raise ValueError("checkpoint does not match the restore target:\n" + "\n".join(lines))
+
+
+def without_absent(metadata_tree: Any, target: Any, optional: Sequence[str]) -> Any:
+  """`target` with each field named in `optional` set to None where the checkpoint holds
+  none of its leaves (`target`: a dataclass, e.g. the train state, or a mapping)."""
+  if not optional:
+    return target
+  saved = {path[0] for path in ocp.tree.to_flat_dict(metadata_tree) if path}
+  for name in optional:
+    if name in saved:
+      continue
+    if dataclasses.is_dataclass(target) and not isinstance(target, type):
+      target = dataclasses.replace(target, **{name: None})
+    elif isinstance(target, Mapping) and name in target:
+      target = {**target, name: None}
+  return target
+
+
+def restorable(metadata_tree: Any, target: Any) -> tuple[Any, Callable[[Any], Any]]:
+  """(the item to restore, a function of the restored item giving the target's structure).
+
+  Orbax matches the tree structure exactly, None fields included; a checkpoint written
+  before a dataclass state gained a field (e.g. `ema_params`) does not name it. Such
+  fields, None in the target, are left out of the item and stay None.
+  """
+  if not (dataclasses.is_dataclass(target) and isinstance(metadata_tree, Mapping)):
+    return target, lambda restored: restored
+  fields = [f.name for f in dataclasses.fields(target)]
+  unnamed = [n for n in fields if n not in metadata_tree and getattr(target, n) is None]
+  if not unnamed:
+    return target, lambda restored: restored
+  item = {n: getattr(target, n) for n in fields if n not in unnamed}
+  return item, lambda restored: dataclasses.replace(target, **restored)
 
 
 def config_to_json(config: Any) -> dict[str, Any]:

@@ -1,0 +1,223 @@
+"""The fine-tune recipes (configs/finetune_*.py) start training from the imported model.
+
+For BERT (testament classification), Llama (Shakespeare LM), T5 (en -> es translation)
+and ViT (digits), a tiny random directory written by scripts/make_tiny_hf.py is
+fine-tuned for 2 steps through its recipe. The first step's training loss equals the
+imported model's own loss on that first batch, computed apart with the task's forward and
+loss from the checkpoint's tensors (and, for a head the checkpoint lacks, the run's fresh
+initial values), so training started from the imported weights. BERT: every tensor but
+the fresh pooler and classifier is copied, rows are `[CLS] text [SEP]` in the WordPiece
+ids (truncation keeps the [SEP]); the project's tokenizers keep `[CLS] text`. T5: PAD 0,
+EOS 1 and the 100 sentinels of its SentencePiece vocabulary reach the batches and the
+model as the checkpoint numbers them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from test_recipes import make_tiny_hf, tiny
+
+from transformer import convert
+from transformer.convert import tokenizers as pretrained
+from transformer.data import features, pipeline, sources
+from transformer.data.config import DataConfig
+from transformer.data.tokenizers import CLS_ID, CharTokenizer
+from transformer.nn import tree
+from transformer.tasks import classification
+from transformer.train import experiment, losses, setup
+from transformer.train import loop as train_lib
+
+RECIPE = {  # family -> recipe
+  "bert": "finetune_bert_testament",
+  "llama": "finetune_llama_shakespeare",
+  "t5": "finetune_t5_en_es",
+  "vit": "finetune_vit_digits",
+}
+FRESH_BERT_HEAD = {"pooler/kernel", "pooler/bias", "classifier/kernel", "classifier/bias"}
+
+
+@pytest.fixture(scope="module")
+def hf_dirs(tmp_path_factory):
+  """family -> a tiny random Hugging Face directory (tokenizers on 60 lines: seconds)."""
+  script = make_tiny_hf()
+  root = tmp_path_factory.mktemp("hf")
+  texts = script.corpus(60)
+  return {family: script.make(family, root / family, texts=texts) for family in RECIPE}
+
+
+def _config(family: str, hf_dir: Path, **loop):
+  config = tiny(RECIPE[family], init_from=f"hf:{hf_dir}", **loop)
+  config.model.update(dropout_rate=0.0, attention_dropout_rate=0.0)  # a deterministic step
+  return config
+
+
+def _first_train_loss(workdir: Path) -> float:
+  lines = (workdir / "metrics.jsonl").read_text().splitlines()
+  first = [json.loads(x) for x in lines if json.loads(x).get("split") == "train"][0]
+  assert first["step"] == 1
+  return first["loss"]
+
+
+def _copied(caplog) -> tuple[int, int]:
+  logged = [r.getMessage() for r in caplog.records if "tensors copied" in r.getMessage()]
+  assert len(logged) == 1, logged
+  copied, total = re.search(r": (\d+) of (\d+) tensors copied", logged[0]).groups()
+  return int(copied), int(total)
+
+
+def _imported_params(hf_dir: Path, fresh) -> tuple[dict, set[str]]:
+  """The checkpoint's tensors where the model has the path (a learned position table cut
+  to the run's max_len), the fresh ones elsewhere; and the paths that stayed fresh."""
+  _, imported = convert.load(hf_dir)
+  flat = jax.tree.leaves_with_path(imported["params"])
+  source = {tree.path_str(k): np.asarray(v) for k, v in flat}
+  kept = set()
+
+  def pick(keypath, leaf):
+    key = tree.path_str(keypath)
+    if key not in source:
+      kept.add(key)
+      return np.asarray(leaf)
+    value = source[key]
+    if value.shape != leaf.shape:  # positions beyond the run's max_len
+      assert "position" in key and value.shape[1:] == leaf.shape[1:], (key, value.shape)
+      value = value[: leaf.shape[0]]
+    return value
+
+  return jax.tree_util.tree_map_with_path(pick, fresh), kept
+
+
+def _fine_tune(family, hf_dir, tmp_path, caplog, **loop):
+  """2 steps of the recipe, whose first training loss must be the imported model's loss on
+  the first batch; returns (metrics, that batch, the setup that made it, the parameter
+  paths left at their initial values)."""
+  config = _config(family, hf_dir, **loop)
+  with caplog.at_level("INFO"):
+    metrics = train_lib.train_and_evaluate(config, str(tmp_path / "run"))
+  assert np.isfinite(metrics["loss"]), metrics
+  exp = experiment.validate(_config(family, hf_dir, **loop))
+  assert exp.loop.label_smoothing == 0.0 and exp.loop.z_loss == 0.0
+  s = setup.build(exp, str(tmp_path / "fresh"))  # the same seed: the same batch and init
+  batch = next(iter(s.train_iter))
+  params, kept = _imported_params(hf_dir, s.state.params)
+
+  @jax.jit
+  def loss(params, batch):  # the task's forward pass and loss, apart from the train step
+    logits, targets, weights = exp.task.forward(s.model, {"params": params}, batch, True, {})
+    loss_sum, weight_sum, _ = losses.cross_entropy_with_label_smoothing(logits, targets, weights)
+    return loss_sum / weight_sum
+
+  expected = float(loss(params, batch))
+  np.testing.assert_allclose(_first_train_loss(tmp_path / "run"), expected, rtol=1e-5)
+  return metrics, batch, s, kept
+
+
+def test_bert_classifier_starts_from_the_checkpoint(hf_dirs, tmp_path, caplog):
+  _, batch, s, kept = _fine_tune("bert", hf_dirs["bert"], tmp_path, caplog)
+  # Every tensor but the fresh head: the MLM checkpoint has no pooler or classifier.
+  assert kept == FRESH_BERT_HEAD
+  copied, total = _copied(caplog)
+  assert (copied, total) == (len(jax.tree.leaves(s.state.params)) - 4, copied + 4)
+
+  # Rows are [CLS] text [SEP] in the WordPiece's ids, then padding.
+  tok = pretrained.from_pretrained_dir(hf_dirs["bert"])
+  assert s.info.tokenizer.present_specials() == tok.present_specials()
+  inputs, seg = np.asarray(batch["inputs"]), np.asarray(batch["segment_ids"])
+  lengths = (seg > 0).sum(1)  # [B]
+  assert (inputs[:, 0] == tok.cls_id).all()
+  assert (inputs[np.arange(len(inputs)), lengths - 1] == tok.sep_id).all()
+  assert ((inputs == tok.sep_id).sum(1) == 1).all()  # one [SEP] per row, at the end
+  assert (inputs[seg == 0] == tok.pad_id).all()
+  assert (lengths == inputs.shape[1]).any(), "no truncated verse in the batch"
+
+
+def test_classification_rows_end_with_sep_for_pretrained_vocabularies_only(hf_dirs):
+  bert = pretrained.from_pretrained_dir(hf_dirs["bert"])
+  text = "First Citizen: before we proceed any further, hear me speak."
+  record = {"text": text.encode(), "label": 1}
+  ids = bert.encode(text)
+  assert len(ids) > 6
+  cfg = DataConfig(kind="classification", source="labelled", tokenizer="pretrained",
+                   tokenizer_from="x")  # fmt: skip
+  sep = classification.row_sep_id(cfg, bert)
+  assert sep == bert.sep_id
+  assert classification.TextClassification.create(cfg, 8).pretrained
+  long = features.Classification(bert, seq_len=8, sep_id=sep)((0, record))
+  assert long["inputs"].tolist() == [bert.cls_id, *ids[:6], bert.sep_id]  # [SEP] kept
+  short = features.Classification(bert, seq_len=32, sep_id=sep)((0, record))
+  n = len(ids) + 2
+  assert short["inputs"].tolist() == [bert.cls_id, *ids, bert.sep_id] + [0] * (32 - n)
+  assert short["segment_ids"].tolist() == [1] * n + [0] * (32 - n)
+  assert short["positions"].tolist()[:n] == list(range(n))
+  with pytest.raises(ValueError, match="tokens exceed"):  # the budget counts the [SEP]
+    features.Classification(bert, seq_len=len(ids) + 1, overlong="error", sep_id=sep)((0, record))
+
+  # The project's tokenizers: `[CLS] text`, unchanged (its SEP id 6 is not appended).
+  char = CharTokenizer.train([text])
+  own = DataConfig(kind="classification", source="labelled")
+  assert classification.row_sep_id(own, char) is None
+  assert not classification.TextClassification.create(own, 8).pretrained
+  ds = pipeline.classification_dataset([record], char, seq_len=80, batch_size=1, train=False)
+  row = next(iter(ds))["inputs"][0].tolist()
+  assert row == [CLS_ID, *char.encode(text)] + [0] * (80 - 1 - len(text))
+
+
+def test_llama_lm_starts_from_the_checkpoint(hf_dirs, tmp_path, caplog):
+  _, batch, s, kept = _fine_tune("llama", hf_dirs["llama"], tmp_path, caplog)
+  copied, total = _copied(caplog)
+  assert not kept and copied == total == len(jax.tree.leaves(s.state.params))
+  tok = pretrained.from_pretrained_dir(hf_dirs["llama"])
+  assert s.model_cfg.vocab_size == tok.vocab_size and s.model_cfg.position == "rope"
+  np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])  # windows
+
+
+def test_t5_translation_keeps_t5s_ids(hf_dirs, tmp_path, caplog):
+  metrics, batch, s, kept = _fine_tune("t5", hf_dirs["t5"], tmp_path, caplog, bleu_every=2)
+  copied, total = _copied(caplog)
+  assert not kept and copied == total == len(jax.tree.leaves(s.state.params))
+  assert 0.0 <= metrics["bleu"] <= 100.0  # greedy decoding to T5's EOS, at the end
+
+  tok = s.info.tokenizer
+  pieces = tok.vocab_size - 100
+  assert (tok.pad_id, tok.eos_id) == (0, 1)
+  assert (tok.sentinel_id(0), tok.sentinel_id(99)) == (tok.vocab_size - 1, pieces)
+  hf_vocab = json.loads((hf_dirs["t5"] / "config.json").read_text())["vocab_size"]
+  assert s.model_cfg.vocab_size == tok.vocab_size == hf_vocab  # the sentinels' rows included
+  assert s.info.config.tokenizer == "pretrained"
+
+  # Packed training rows: each segment ends with EOS 1, padding is PAD 0, no sentinels.
+  for side in ("inputs", "targets"):
+    ids, seg = np.asarray(batch[side]), np.asarray(batch[f"{side}_segment_ids"])
+    assert (ids[seg == 0] == 0).all() and (ids[seg > 0] != 0).all()
+    ends = np.concatenate([seg[:, 1:] != seg[:, :-1], np.ones_like(seg[:, :1], bool)], 1)
+    ends &= seg > 0  # [B, T] last token of each segment
+    assert ends.any() and (ids[ends] == 1).all() and (ids[~ends & (seg > 0)] != 1).all()
+    assert ids.max() < pieces  # text never encodes to a sentinel
+  np.testing.assert_array_equal(batch["weights"], np.asarray(batch["targets_segment_ids"]) > 0)
+
+  # Evaluation rows are one pair each: the source / target pieces + EOS 1, padded with 0.
+  split = sources.open_splits(s.info.config, tmp_path / "fresh", paired=True).eval
+  shard = pipeline.records(split, pipeline.Loader())
+  rows = next(iter(s.eval_factory()))
+  length = rows["inputs"].shape[1]
+  for k in range(len(rows["inputs"])):
+    _, record = shard[k]
+    for side, column in (("inputs", "en"), ("targets", "es")):
+      body = tok.encode(features.text_of(record, column))[: length - 1]
+      pad = [0] * (length - len(body) - 1)
+      assert rows[side][k].tolist() == [*body, 1, *pad], (k, side)
+
+
+def test_vit_classifier_starts_from_the_checkpoint(hf_dirs, tmp_path, caplog):
+  _, batch, s, kept = _fine_tune("vit", hf_dirs["vit"], tmp_path, caplog)
+  copied, total = _copied(caplog)
+  assert not kept and copied == total == len(jax.tree.leaves(s.state.params))  # head too
+  hf_cfg, _ = convert.load(hf_dirs["vit"])
+  assert batch["image"].shape[1:] == (hf_cfg.image_size, hf_cfg.image_size, 1)  # resized
+  assert (s.model_cfg.num_classes, s.model_cfg.max_len) == (10, hf_cfg.max_len)

@@ -1,0 +1,136 @@
+"""Generation past a DecoderLM's context: a sliding window, recomputed for every token.
+
+Letters: B batch, P prompt length, L new tokens, W window (= config.max_len), V vocabulary.
+
+`generate_sliding(model, params, prompts, max_new_tokens=L, ...)` predicts each new token
+from the last W tokens of prompt + generated so far, run through the model in full with
+positions restarting at 0 (nanoGPT's `generate` crops `idx[:, -block_size:]` the same
+way). A model with absolute positions (learned, sinusoidal) thus never meets a position
+it was not trained on, and any number of tokens can be generated; RoPE and relative
+models slide the same way. While prompt + generated fit in W, the window holds the
+whole sequence from position 0: the same computation as cached decoding (`generate`),
+so the same tokens. Past W each token sees only the W - 1 before it. There is no KV
+cache: every token costs one forward pass over W positions.
+
+The window is laid out as cached decoding lays out prompts: left-padded, pads in segment
+0 (never attended), positions counted from each row's first real token, the newest token
+last, so only its logits are computed.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from transformer.data.tokenizers import EOS_ID, PAD_ID
+from transformer.decode.api import left_pad
+from transformer.decode.loops import DecodeResult
+from transformer.decode.sampling import Sampling, selector
+from transformer.nn.models import DecoderLM
+
+__all__ = ["generate_sliding", "sliding_decode"]
+
+
+@functools.partial(jax.jit, static_argnames=("model", "length"))
+def sliding_decode(
+  model: DecoderLM,
+  params: Any,
+  prompts: jax.Array,
+  lengths: jax.Array,
+  *,
+  length: int,
+  sampling: Sampling | None = None,
+  eos_id: int | jax.Array = -1,
+) -> DecodeResult:
+  """L = `length` tokens after left-padded prompts [B, P] (real lengths [B]), each from a
+  window of the last W tokens. Greedy when `sampling` is None; token i draws with
+  `fold_in(rng, i)`, as the cached loops do. Unchecked (see `generate_sliding`)."""
+  w = model.config.max_len
+  b, p = prompts.shape
+  select = selector(sampling)
+  # W pads in front, so the window [end - W, end) always lies inside the buffer.
+  tokens = jnp.concatenate(
+    [jnp.full((b, w), PAD_ID, jnp.int32), prompts, jnp.full((b, length), PAD_ID, jnp.int32)],
+    axis=1,
+  )  # [B, W + P + L]
+  real = (jnp.arange(p)[None, :] >= p - lengths[:, None]).astype(jnp.int32)  # [B, P]
+  valid = jnp.concatenate(
+    [jnp.zeros((b, w), jnp.int32), real, jnp.zeros((b, length), jnp.int32)], axis=1
+  )  # [B, W + P + L]
+  end = w + p  # the buffer index the next token goes to
+
+  def body(i, carry):
+    tokens, valid, out, done, logprob = carry
+    window = lax.dynamic_slice_in_dim(tokens, end + i - w, w, axis=1)  # [B, W]
+    segments = lax.dynamic_slice_in_dim(valid, end + i - w, w, axis=1)  # [B, W]
+    positions = jnp.maximum(jnp.cumsum(segments, axis=1) - 1, 0)  # [B, W]
+    logits = model.apply(
+      {"params": params}, window, positions=positions, segment_ids=segments, last_logits=True
+    )[:, 0]  # [B, V]
+    new = jnp.where(done, PAD_ID, select(logits, i).astype(jnp.int32))  # [B]
+    chosen = jnp.take_along_axis(logits, new[:, None], -1)[:, 0]  # [B]
+    logprob = logprob + jnp.where(done, 0.0, chosen - jax.nn.logsumexp(logits, axis=-1))
+    tokens = lax.dynamic_update_slice_in_dim(tokens, new[:, None], end + i, axis=1)
+    valid = lax.dynamic_update_slice_in_dim(valid, jnp.ones((b, 1), jnp.int32), end + i, axis=1)
+    out = lax.dynamic_update_slice_in_dim(out, new[:, None], i, axis=1)  # [B, L]
+    return tokens, valid, out, done | (new == eos_id), logprob
+
+  out = jnp.zeros((b, length), jnp.int32)
+  carry = (tokens, valid, out, jnp.zeros(b, bool), jnp.zeros(b, jnp.float32))
+  _, _, out, _, logprob = lax.fori_loop(0, length, body, carry)
+  is_eos = out == eos_id  # [B, L]
+  lengths_out = jnp.where(is_eos.any(-1), jnp.argmax(is_eos, -1) + 1, length).astype(jnp.int32)
+  return DecodeResult(out, logprob, lengths_out)
+
+
+def generate_sliding(
+  model: DecoderLM,
+  params: Any,
+  prompts: Sequence[Sequence[int]] | np.ndarray,
+  *,
+  max_new_tokens: int,
+  method: str = "greedy",
+  temperature: float = 1.0,
+  top_k: int = 0,
+  top_p: float = 1.0,
+  eos_id: int | None = EOS_ID,
+  rng: jax.Array | None = None,
+) -> DecodeResult:
+  """Continues each prompt by `max_new_tokens` tokens through a sliding window of the
+  model's `max_len` tokens (any length; a prompt longer than the window is read through
+  its last `max_len` tokens). method: 'greedy' or 'sample' (options as in `generate`).
+  Raises ValueError for a bad prompt or option. Returns tokens [B, max_new_tokens]."""
+  if not isinstance(model, DecoderLM):
+    raise ValueError(f"generate_sliding needs a DecoderLM, got {type(model).__name__}")
+  config = model.config
+  if method not in ("greedy", "sample"):
+    raise ValueError(f"method={method!r}: a sliding window decodes 'greedy' or 'sample'")
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+  if method == "sample":
+    if temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
+      raise ValueError(f"temperature={temperature} >= 0, top_k={top_k} >= 0, top_p in (0, 1]")
+    if rng is None and temperature > 0:
+      raise ValueError("method='sample' needs an rng (a jax PRNG key)")
+  if eos_id is not None and not 0 <= eos_id < config.vocab_size:
+    raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {config.vocab_size})")
+  tokens, lengths = left_pad(prompts)  # [B, P], [B]
+  bad = (tokens < 0) | (tokens >= config.vocab_size)
+  if bad.any():
+    row, col = np.argwhere(bad)[0]
+    raise ValueError(f"prompt row {row} holds token id {tokens[row, col]} outside the vocabulary")
+  keep = min(tokens.shape[1], config.max_len)  # the window reads at most max_len of a prompt
+  tokens, lengths = tokens[:, -keep:], np.minimum(lengths, keep)
+  greedy = method == "greedy" or temperature == 0
+  sampling = None if greedy else Sampling(rng, temperature, top_k, top_p)
+  params = params["params"] if isinstance(params, dict) and set(params) == {"params"} else params
+  eos = -1 if eos_id is None else eos_id
+  return sliding_decode(
+    model, params, tokens, lengths, length=max_new_tokens, sampling=sampling, eos_id=eos
+  )
