@@ -15,6 +15,10 @@ GPT (V=4096, D=256, 4 layers, max_len 512; 16-token prompts, 256 new tokens):
   in the token that needs it), so each token is timed on its own; they include the
   per-call dispatch that the while loop avoids. Token 1 comes from the prefill, so the
   first window averages the steps of tokens 2-32.
+- Batch scaling bound: the step's weight matmuls ([B, in] x [in, out], each jitted and
+  timed alone, less an empty call's dispatch) at the smallest and largest batch. Their
+  sum at the large batch is a floor under its step, so B x (small-batch step) / (that
+  sum) bounds the throughput ratio the KV-cache loop can reach.
 
 Seq2seq (encoder-decoder of the GPT's size, 4 + 4 layers; sources [B, S], beam 4):
 - "cross K/V cached": `decode.seq2seq_beam_search`: each decoder layer projects the
@@ -162,6 +166,34 @@ def per_token_runner(model: DecoderLM, params, prompts: np.ndarray, new_tokens: 
   return run
 
 
+def weight_dots_ms(a, batch: int, rounds: int) -> float:
+  """ms of one decoding step's weight matmuls at `batch` rows, each [batch, in] x [in, out]
+  jitted and timed alone (median of `rounds` loops of 200 calls), summed over the layers
+  and the output layer: q, k, v and output projections, the two feed-forward matmuls and
+  the [D, V] logits, less the time of a call that does nothing (the dispatch a while
+  loop does not pay). A floor under the step's time with the weights hot in cache."""
+  d, f, v, n = a.d_model, a.d_ff, a.vocab, a.layers
+
+  def call_s(fn, *args) -> float:
+    fn = jax.jit(fn)
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(rounds):
+      start = time.perf_counter()
+      for _ in range(200):
+        out = fn(*args)
+      jax.block_until_ready(out)
+      times.append((time.perf_counter() - start) / 200)
+    return float(np.median(times))
+
+  empty = call_s(lambda x: x, jnp.ones((1,), a.dtype))
+  total = 0.0
+  for k, m, count in [(d, d, 4 * n), (d, f, n), (f, d, n), (d, v, 1)]:  # (in, out, count)
+    x, w = jnp.ones((batch, k), a.dtype), jnp.ones((k, m), a.dtype)
+    total += count * max(call_s(jnp.matmul, x, w) - empty, 0.0)
+  return 1e3 * total
+
+
 def reprojecting_start(model: EncoderDecoder, params, inputs: jax.Array, cache_length: int):
   """The seq2seq Start of decoding before the cross-attention cache: the encoder output
   and source segments travel with the cache (repeated per beam, reordered with the
@@ -249,6 +281,14 @@ def gpt(a, config: ModelConfig):
   if lo != hi:
     ratio = tps["KV cache", hi] / tps["KV cache", lo]
     print(f"\nKV cache: batch {hi} throughput / batch {lo} = {ratio:.2f}")
+    dots = {b: weight_dots_ms(a, b, a.rounds) for b in (lo, hi)}
+    step_lo = 1e3 * lo / tps["KV cache", lo]  # ms per step at the small batch
+    print(
+      f"Weight matmuls of one step, each timed alone: {dots[lo]:.3f} ms at batch {lo}, "
+      f"{dots[hi]:.3f} ms at batch {hi}. Even if nothing else cost anything, batch {hi} "
+      f"could reach at most {hi * step_lo / dots[hi]:.1f}x batch {lo}'s measured "
+      f"{step_lo:.3f} ms per step."
+    )
   print("\nPer-token time with the KV cache (ms, median over rounds; cache length in brackets):\n")
   print("| batch | " + " | ".join(f"tokens {lo}-{hi}" for lo, hi in windows) + " |")
   print("| ---: | " + " | ".join("---:" for _ in windows) + " |")
