@@ -382,6 +382,25 @@ def test_top_k_filter_keeps_the_k_largest_and_ties():
   assert keep(0).all() and keep(5).all() and keep(9).all()
 
 
+def test_filter_logits_equals_the_two_filters_on_every_branch():
+  """`filter_logits` skips sorts (both off; top-k alone via `lax.top_k`) but must give
+  exactly `top_p_filter(top_k_filter(.))`, ties, per-row k and k beyond the fast width
+  included."""
+  from transformer.decode.sampling import FAST_TOP_K, filter_logits
+
+  rng = np.random.default_rng(3)
+  v = FAST_TOP_K + 44
+  real = rng.standard_normal((6, v)).astype(np.float32)
+  tied = rng.integers(0, 3, (6, v)).astype(np.float32)  # ties at every threshold
+  logits = jnp.asarray(np.concatenate([real, tied]))
+  per_row = jnp.asarray([1, 5, 0, FAST_TOP_K, 50, 7, 2, 9, v, 3, 11, 40], jnp.int32)
+  f = jax.jit(filter_logits)
+  for k, p in [(0, 1.0), (1, 1.0), (50, 1.0), (FAST_TOP_K, 1.0), (FAST_TOP_K + 1, 1.0),
+               (v + 5, 1.0), (0, 0.9), (50, 0.5), (per_row, 1.0), (per_row, 0.7)]:  # fmt: skip
+    want = decode.top_p_filter(decode.top_k_filter(logits, k), p)
+    np.testing.assert_array_equal(f(logits, k, p), want, err_msg=f"k={k}, p={p}")
+
+
 def test_sampler_draws_from_temperature_then_top_k_then_top_p():
   logits = np.array([2.0, 1.5, 1.0, 0.6, 0.3, 0.0, -0.5, -2.0], np.float32)
   temperature, top_k, top_p, n = 0.7, 5, 0.8, 20_000

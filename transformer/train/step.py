@@ -78,7 +78,7 @@ def create_train_state(
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
-    opt_state=tx.init(params),
+    opt_state=jax.jit(tx.init)(params),  # one compilation, not one per zeros shape
     rng=jax.random.key_data(rng) if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) else rng,
     nonfinite_count=jnp.zeros((), jnp.int32),
     first_nonfinite_step=jnp.full((), -1, jnp.int32),
