@@ -29,7 +29,7 @@ faster); with several rounds also their median.
 Caveat, printed with the table: the two validation losses are not measured alike.
 nanoGPT's is an estimate over 20 random batches of 12 x 64 characters (noisy, about
 +-0.02), evaluated every 250 iterations; ours (configs/lm_shakespeare.py,
-eval_batches = 0) is the whole validation split, every 500 steps. So a race to 1.88 can
+eval_batches = 0) is the whole validation split, every eval_every (400) steps. So a race to 1.88 can
 be won or lost by the estimate's noise and by the evaluation grids. The last column is a
 like-for-like quality figure: both models' loss over their whole validation split, each
 character predicted with the context since the start of its 64-character window (ours:
@@ -254,8 +254,8 @@ def table(rounds: list[tuple[Result, Result]], target: float) -> list[str]:
 CAVEAT = (
   "Caveat: nanoGPT's val loss is an estimate over 20 random batches of 12 x 64 characters"
   " (noisy, about +-0.02; --eval-iters sets the count), every 250 iterations; ours"
-  " (configs/lm_shakespeare.py: eval_batches = 0) is the whole validation split, every 500"
-  " steps. The last column compares both models on their whole validation split alike."
+  " (configs/lm_shakespeare.py: eval_batches = 0) is the whole validation split, every"
+  " eval_every steps. The last column compares both models on their whole validation split alike."
 )
 
 

@@ -40,6 +40,7 @@ TINY_T5, TINY_VIT = str(TINY_HF / "t5"), str(TINY_HF / "vit")
 # config file stem -> (documented args, data overrides, model overrides) for the tiny run.
 RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "lm_shakespeare": ((None,), {}, {}),
+  "lm_shakespeare_nanogpt": ((None,), {}, {}),  # the race's like-for-like config
   "gpt2": (("small", "medium", "large"), {}, {}),  # lm1b
   "bert": (("base", "large"), {}, {}),  # lm1b (mlm)
   "bert_sst2": ((None,), {}, {}),  # glue/sst2

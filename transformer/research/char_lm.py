@@ -61,7 +61,7 @@ def load_corpus(path: str = str(DATA), validation_fraction: float = 0.1) -> Corp
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  """One training run. Defaults are the default run's (`configs/lm_shakespeare.py`)."""
+  """One training run. Defaults are nanoGPT's recipe (`configs/lm_shakespeare_nanogpt.py`)."""
 
   steps: int = 2000  # updates
   batch_size: int = 12  # sequences per update

@@ -420,6 +420,7 @@ def _loop(c: _Context, state, start: int):
     if done % loop.log_every == 0 or done == total or done == start + 1:
       _log(c, state, done, metrics, counts, pending)
     is_eval = done == total or (ev.eval_every and done % ev.eval_every == 0)
+    paused = time.perf_counter()  # evaluations and saves do not count in the throughput
     if is_eval:
       _check_finite(c, state, pending)
       c.phase("eval", done)
@@ -437,6 +438,7 @@ def _loop(c: _Context, state, start: int):
       c.writer.flush()  # metrics up to a checkpoint reach object storage with it
       _save(c, state, ranked)
       c.phase("train", done)
+    counts["time"] += time.perf_counter() - paused
   else:  # the loop ran to its end (or there was nothing left to do)
     if start >= total:  # already finished: evaluate the restored state again
       eval_metrics = evaluate(runner, state, c.s.eval_factory, ev.eval_batches)

@@ -1,0 +1,69 @@
+"""nanoGPT's CPU shakespeare_char recipe, like for like: the comparison config.
+
+The run `benchmarks/race.py` puts against `benchmarks/nanogpt_torch.py`, a PyTorch
+re-implementation of nanoGPT's `train.py` with
+
+  python train.py config/train_shakespeare_char.py --device=cpu --compile=False \\
+      --eval_iters=20 --log_interval=1 --block_size=64 --batch_size=12 --n_layer=4 \\
+      --n_head=4 --n_embd=128 --max_iters=2000 --lr_decay_iters=2000 --dropout=0.0
+
+4 layers, 4 heads, 128 wide, context 64, batch 12, 2,000 updates, no dropout, pre-LN,
+exact GELU, learned positions, tied output embedding, no biases in the projections,
+AdamW lr 1e-3 (betas 0.9 / 0.99, weight decay 0.1 on every matrix and embedding table,
+clipping at 1.0), 100 warmup steps and cosine decay to 1e-4. The default run
+(`configs/lm_shakespeare.py`) keeps the model and changes the schedule and batch to get
+there sooner.
+
+Differences left: LayerNorms keep their bias (nanoGPT's have none: 1,280 parameters);
+queries, keys and values are three projections instead of one fused one (the same
+function); the vocabulary has the project's 7 special tokens besides the 65 characters
+(they never occur, so the model learns to give them no mass); 2,000 updates instead of
+nanoGPT's 2,001 (its loop trains iteration 2,000 at the final learning rate too); the
+validation loss is over the whole validation split, not 20 random batches.
+
+  python train.py --config configs/lm_shakespeare_nanogpt.py --workdir runs/nanogpt
+"""
+
+from transformer.train.experiment import default_config
+
+
+def get_config(arg=None):
+  del arg
+  config = default_config()
+  m = config.model
+  m.family = "decoder"  # GPT-style causal LM
+  m.vocab_size = 0  # from the character tokenizer
+  m.d_model = 128  # n_embd
+  m.num_heads = 4  # n_head
+  m.num_layers = 4  # n_layer
+  m.d_ff = 512  # 4 * n_embd
+  m.max_len = 64  # block_size
+  m.position = "learned"  # wpe
+  m.dropout_rate = 0.0  # dropout=0.0
+  m.use_bias = False  # bias=False (attention and MLP projections)
+  d = config.data
+  d.kind = "lm"  # next-token prediction
+  d.source = "text"  # a local text file
+  d.path = "data/tinyshakespeare.txt.gz"  # shipped with the project
+  d.tokenizer = "char"  # character vocabulary
+  d.validation_fraction = 0.1  # last 10% of the text for validation (as nanoGPT)
+  d.test_fraction = 0.0  # no test split
+  d.eval_batch_size = 128  # rows per evaluation batch
+  config.optimizer.b2 = 0.99  # beta2
+  config.optimizer.eps = 1e-8  # torch AdamW's default
+  config.optimizer.weight_decay = 0.1  # weight_decay, on every tensor of 2 or more dims
+  config.optimizer.decay_embeddings = True  # nanoGPT decays wte and wpe too
+  config.optimizer.clip_norm = 1.0  # grad_clip
+  config.schedule.kind = "cosine"  # warmup then cosine decay
+  config.schedule.learning_rate = 1e-3  # learning_rate
+  config.schedule.warmup_steps = 100  # warmup_iters
+  config.schedule.final_fraction = 0.1  # min_lr = 1e-4
+  config.num_train_steps = 2000  # max_iters
+  config.batch_size = 12  # batch_size
+  config.seq_len = 64  # block_size
+  config.log_every = 100  # console / TensorBoard interval
+  config.eval_every = 250  # eval_interval
+  config.eval_batches = 0  # 0 = the whole validation split
+  config.checkpoint_every = 2000  # one checkpoint, at the end
+  config.sample_tokens = 63  # characters sampled at the end
+  return config
