@@ -3,7 +3,10 @@
   transformer-train --config configs/NAME.py[:arg] --workdir DIR [--config.a.b=v ...]
 
 The same flags and behaviour as `python train.py`; a `--config` path that is not a file
-here names a shipped config (`configs/...` of the checkout, or of `pip install .`).
+here names a shipped config (`configs/...` of the checkout, or of `pip install .`). Every
+invocation that gets as far as building the run appends its record (command, wall and CPU
+time, CPU ISA, load, versions, steps, final metrics) to WORKDIR/runs.jsonl at the end,
+whether it completed, was preempted or stopped with an error (`train/run_record.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from transformer import cli
 from transformer.data.config import resolve_shipped
 from transformer.train.distributed import maybe_initialize
 from transformer.train.loop import Hooks, train_and_evaluate
+from transformer.train.run_record import RunRecord
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "experiment config file", lock_config=True
@@ -26,14 +30,28 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv: list[str], hooks: Hooks | None = None) -> None:
-  """Trains `--config` in `--workdir` (resuming from its latest checkpoint)."""
+  """Trains `--config` in `--workdir` (resuming from its latest checkpoint) and appends the
+  invocation's record to `--workdir`/runs.jsonl."""
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  record = RunRecord(sys.argv, _WORKDIR.value)  # the load average at start
   if not flags.FLAGS["verbosity"].present:  # library INFO logs (orbax) only with -v 0
     logging.set_verbosity(logging.WARNING)
   cli.apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
   maybe_initialize(_CONFIG.value, _WORKDIR.value)  # several processes: same config, peer watch
-  cli.run_reporting_errors(train_and_evaluate, _CONFIG.value, _WORKDIR.value, hooks or Hooks())
+  hooks = record.hooks(hooks or Hooks())
+  cli.run_reporting_errors(_train_recorded, _CONFIG.value, _WORKDIR.value, hooks, record)
+
+
+def _train_recorded(config, workdir: str, hooks: Hooks, record: RunRecord) -> None:
+  """`train_and_evaluate`, then the run record; on an error the record is written before
+  the error propagates (so the error stays the last line `run_reporting_errors` prints)."""
+  try:
+    metrics = train_and_evaluate(config, workdir, hooks)
+  except BaseException as e:
+    record.finish(error=e)
+    raise
+  record.finish(metrics=metrics)
 
 
 def _find_config(value: str) -> str:

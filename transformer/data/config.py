@@ -13,6 +13,7 @@ import dataclasses
 import functools
 import importlib.metadata
 from collections.abc import Mapping
+from numbers import Integral
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ class DataConfig:
   )
   data_dir: str | None = None  # prepared TFDS datasets; None = TFDS default (~/tensorflow_datasets)
   train_split: str = "train"  # split to train on (TFDS split syntax allowed: 'train[:90%]')
+  train_examples: int = 0  # train on a random subset of this many records, per seed; 0 = all
   eval_split: str = "validation"  # split evaluated by the eval iterators
   validation_fraction: float = 0.05  # local text / tables / image folders: share for validation
   test_fraction: float = 0.05  # local text / tables / image folders: share for test
@@ -113,6 +115,13 @@ class DataConfig:
       raise ValueError("DataConfig: tokenizer_from needs a tokenizer (not 'none')")
     if self.tokenizer == "pretrained" and not self.tokenizer_from:
       raise ValueError("DataConfig: tokenizer 'pretrained' needs tokenizer_from (its workdir)")
+    if isinstance(self.train_examples, bool) or not isinstance(self.train_examples, Integral):
+      raise ValueError(f"DataConfig.train_examples must be an integer, got {self.train_examples!r}")
+    if self.train_examples < 0:
+      raise ValueError(
+        f"DataConfig.train_examples must be >= 0 (0 = the whole training split), "
+        f"got {self.train_examples}"
+      )
     if self.num_workers < 0 or self.prefetch < 1 or self.crop_padding < 0:
       raise ValueError("DataConfig: num_workers and crop_padding must be >= 0, prefetch >= 1")
 

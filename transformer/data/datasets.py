@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import os
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import grain
@@ -76,7 +76,7 @@ def make_datasets(
     batch_size: global batch size; each host yields `batch_size // process_count` rows.
     seq_len: T (the inputs length S for seq2seq; targets use `target_seq_len` or T).
       Ignored for images.
-    seed: seeds shuffling, packing, masking and augmentation.
+    seed: seeds shuffling, packing, masking, augmentation and the `train_examples` subset.
     process_index, process_count: this host and the number of hosts (default: jax's).
 
   Returns:
@@ -113,6 +113,13 @@ def make_datasets(
     stats = (
       {} if windows else sources.scan(cfg, splits, c.tok, spec.row_budget, seq_len, c.target_len)
     )
+  if cfg.train_examples:  # after the tokenizer and statistics: they see the whole split
+    if windows:
+      raise ValueError(
+        f"DataConfig.train_examples={cfg.train_examples}: subsets whole records, but this "
+        "task reads the training split as one token stream (windows); use 0"
+      )
+    splits.train = training_subset(splits.train, cfg.train_examples, seed, splits.name)
   if windows:
     c.streams = {
       s: pipeline.token_stream(src, c.tok, c.text_key)
@@ -154,6 +161,49 @@ def make_datasets(
     {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "spec", "tokenizer")},
   )
   return _closed_at_exit(iter(train_ds)), lambda: _closed_at_exit(iter(eval_ds)), info
+
+
+class Subset(Sequence):
+  """Records `indices` of `source`, in that order, as a random-access source (grain reads
+  `__getitem__`; `features.read_records` reads `__getitems__` in bulk where `source` can)."""
+
+  def __init__(self, source: Sequence, indices: Sequence[int]):
+    self.source, self.indices = source, np.asarray(indices, dtype=np.int64)
+
+  def __len__(self) -> int:
+    return len(self.indices)
+
+  def __getitem__(self, i: int) -> Any:
+    return self.source[int(self.indices[i])]
+
+  def __getitems__(self, positions: Sequence[int]) -> list[Any]:
+    picked = [int(self.indices[i]) for i in positions]
+    bulk = getattr(self.source, "__getitems__", None)
+    return list(bulk(picked)) if bulk else [self.source[i] for i in picked]
+
+
+def subset_indices(n: int, k: int, seed: int) -> np.ndarray:
+  """`k` distinct indices of `range(n)`, drawn from `seed` and sorted (source order).
+
+  The draw depends on `seed` only (`derive_seed(seed, 'train_examples')`, independent of
+  the shuffle, packing and mask seeds derived from the same run seed): two runs with the
+  same `config.seed` (a fine-tuned and a from-scratch arm) train on the same records.
+  """
+  rng = np.random.default_rng(pipeline.derive_seed(seed, "train_examples"))
+  return np.sort(rng.choice(n, size=k, replace=False))
+
+
+def training_subset(source: Sequence, k: int, seed: int, name: str = "") -> Subset:
+  """`DataConfig.train_examples`: a fixed random `k` of the training records (low-label
+  runs), chosen before host sharding, shuffling and batching, so every host and every
+  epoch sees the same `k` records; `k` above the split's size is an error."""
+  n = len(source)
+  if k > n:
+    raise ValueError(
+      f"DataConfig.train_examples={k} exceeds the {n} records of the training split"
+      f"{f' of {name}' if name else ''}"
+    )
+  return Subset(source, subset_indices(n, k, seed))
 
 
 _LIVE_ITERATORS: weakref.WeakSet = weakref.WeakSet()
