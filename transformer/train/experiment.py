@@ -31,6 +31,7 @@ from etils import epath
 from ml_collections import config_dict
 
 from transformer import tasks
+from transformer.convert import sources
 from transformer.data.config import DataConfig
 from transformer.nn.config import ModelConfig
 from transformer.nn.partitioning import MESH_AXES, RULES
@@ -39,8 +40,6 @@ from transformer.train import schedules
 from transformer.train.distributed import DEFAULT_TIMEOUT_S
 
 PARALLELISM = ("jit", "pmap")
-HF_PREFIX = "hf:"  # init_from='hf:DIR': a Hugging Face model directory (docs/PRETRAINED.md)
-BV_PREFIX = "bv:"  # init_from='bv:FILE.npz': a big_vision / vision_transformer ViT checkpoint
 # What a pretrained `init_from` decided, recorded in the workdir when a run is built: resumes
 # and evaluation read it there, so the checkpoint may move or go once the run has started.
 PRETRAINED_RECORD = "pretrained.json"
@@ -396,7 +395,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   data_fields = _as_dict(config.data)
   model_fields = _as_dict(config.model)
   pretrained = None
-  if pretrained_source(loop.init_from) is not None:
+  if sources.find(loop.init_from) is not None:
     pretrained = _pretrained_record(loop.init_from, workdir)
     model_fields, data_fields = _from_pretrained(pretrained, model_fields, data_fields)
   data = convert(DataConfig, data_fields, "data.")
@@ -446,15 +445,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
 
 def hf_dir(init_from: str) -> str | None:
   """The Hugging Face directory of `init_from='hf:DIR'`, else None."""
-  return init_from[len(HF_PREFIX) :] if init_from.startswith(HF_PREFIX) else None
-
-
-def pretrained_source(init_from: str) -> tuple[str, str] | None:
-  """('hf', DIR) or ('bv', FILE) for a pretrained `init_from`, else None (another run)."""
-  for kind, prefix in (("hf", HF_PREFIX), ("bv", BV_PREFIX)):
-    if init_from.startswith(prefix):
-      return kind, init_from[len(prefix) :]
-  return None
+  found = sources.find(init_from)
+  return found[1] if found is not None and found[0] is sources.HF else None
 
 
 def _read_record(init_from: str, workdir: str | None) -> dict[str, Any] | None:
@@ -480,26 +472,10 @@ def _pretrained_record(init_from: str, workdir: str | None) -> dict[str, Any]:
   record = _read_record(init_from, workdir)
   if record is not None:
     return record
-  kind, path = pretrained_source(init_from)
+  source, path = sources.find(init_from)
   where = f"config.init_from={init_from!r}"
-  tokenizer = False
   try:
-    if kind == "bv":
-      from transformer.convert import big_vision
-
-      fields = big_vision.config_fields(path)
-    else:
-      from transformer.convert import hf, registry
-      from transformer.convert import tokenizers as pretrained
-
-      hf_config = hf.read_config(path)
-      architectures = hf_config.get("architectures") or [None]
-      if len(architectures) != 1:
-        raise ValueError(f"architectures={architectures}: expected one entry")
-      converter = registry.get(architectures[0], "architectures")
-      fields = converter.config_from_hf(hf_config)
-      root = epath.Path(path)
-      tokenizer = any((root / name).exists() for name in pretrained.SOURCE_FILES)
+    fields, tokenizer = source.describe(path)
   except KeyError as e:
     raise ValueError(f"{where}: config.json lacks {e}") from None
   except ValueError as e:
@@ -545,7 +521,7 @@ def _from_pretrained(
     if data.get("tokenizer_from"):
       _fail("data.tokenizer_from", data["tokenizer_from"], f"{where} reads its own tokenizer")
     # `train.setup.build` copies it into the workdir and points tokenizer_from there.
-    data = {**data, "tokenizer": pretrained.KIND, "tokenizer_from": pretrained_source(init_from)[1]}
+    data = {**data, "tokenizer": pretrained.KIND, "tokenizer_from": sources.find(init_from)[1]}
   return merged, data
 
 

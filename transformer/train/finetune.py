@@ -30,13 +30,14 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
+from transformer.convert import sources
 from transformer.data.config import DataConfig
 from transformer.data.datasets import DataInfo
 from transformer.data.files import write_atomic
 from transformer.data.tokenizers import tokenizer_filename
 from transformer.nn import tree
 from transformer.train import checkpoints
-from transformer.train.experiment import PRETRAINED_RECORD, Experiment, hf_dir, pretrained_source
+from transformer.train.experiment import PRETRAINED_RECORD, Experiment, hf_dir
 
 
 def _recorded(init_from: str, workdir: str) -> bool:
@@ -78,15 +79,9 @@ def record_pretrained(exp: Experiment, workdir: str) -> None:
 
 def _load_pretrained(init_from: str) -> tuple[int, Any]:
   """(the checkpoint's classes, 0 if none; its parameters) of an `hf:` or `bv:` init_from."""
-  from transformer import convert
-
-  kind, path = pretrained_source(init_from)
+  source, path = sources.find(init_from)
   try:
-    if kind == "bv":
-      fields, params = convert.big_vision.load_params(path)
-      return fields["num_classes"] or 0, params["params"]
-    config, params = convert.load(path)
-    return config.num_classes, params["params"]
+    return source.load(path)
   except ValueError as e:
     raise ValueError(f"config.init_from={init_from!r}: {e}") from None
 
@@ -125,7 +120,7 @@ def load_init_from(path: str, params: Any) -> Any:
   `max_len` (its first rows are taken) and a head for another number of classes (it keeps
   its initial values).
   """
-  pretrained = pretrained_source(path) is not None
+  pretrained = sources.find(path) is not None
   classes, source = _load_pretrained(path) if pretrained else (0, _restore_run(path))
   flat_src = {tree.path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
   copied = []
@@ -170,7 +165,7 @@ def check_init_tokenizer(path: str, info: DataInfo) -> None:
   run with no tokenizer of this run's kind and size is allowed (its embeddings have other
   shapes and are not copied; the rest of the model is).
   """
-  if pretrained_source(path) is not None:
+  if sources.find(path) is not None:
     return  # the data reads an hf: directory's own tokenizer (`hf_tokenizer_data`); bv: has none
   root = epath.Path(path) / "tokenizers"
   if info.tokenizer is None or not root.is_dir():

@@ -1,0 +1,74 @@
+"""The pretrained checkpoints `config.init_from` names, by prefix, and how each is read.
+
+  init_from='hf:DIR'       a Hugging Face `save_pretrained` directory (`hf`, `registry`)
+  init_from='bv:FILE.npz'  a big_vision / vision_transformer ViT checkpoint (`big_vision`)
+
+Each `Source` says how to read the model fields its checkpoint implies (and whether it
+brings a tokenizer) and how to load its parameters. The training code asks `find` and
+calls these; a new checkpoint format is one more `Source` in `SOURCES` (docs/PRETRAINED.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from etils import epath
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One checkpoint format `init_from` can name with `prefix`."""
+
+  prefix: str  # 'hf:' | 'bv:'
+  describe: Callable[[str], tuple[dict[str, Any], bool]]  # path -> (ModelConfig fields, brings
+  # its tokenizer)
+  load: Callable[[str], tuple[int, Any]]  # path -> (its classes, 0 if none; its 'params' tree)
+
+
+def _hf_describe(path: str) -> tuple[dict[str, Any], bool]:
+  from transformer.convert import hf, registry
+  from transformer.convert import tokenizers as pretrained
+
+  hf_config = hf.read_config(path)
+  architectures = hf_config.get("architectures") or [None]
+  if len(architectures) != 1:
+    raise ValueError(f"architectures={architectures}: expected one entry")
+  fields = registry.get(architectures[0], "architectures").config_from_hf(hf_config)
+  root = epath.Path(path)
+  return fields, any((root / name).exists() for name in pretrained.SOURCE_FILES)
+
+
+def _hf_load(path: str) -> tuple[int, Any]:
+  from transformer.convert import hf
+
+  config, params = hf.load(path)
+  return config.num_classes, params["params"]
+
+
+def _bv_describe(path: str) -> tuple[dict[str, Any], bool]:
+  from transformer.convert import big_vision
+
+  return big_vision.config_fields(path), False
+
+
+def _bv_load(path: str) -> tuple[int, Any]:
+  from transformer.convert import big_vision
+
+  fields, params = big_vision.load_params(path)
+  return fields["num_classes"] or 0, params["params"]
+
+
+HF = Source("hf:", _hf_describe, _hf_load)
+BIG_VISION = Source("bv:", _bv_describe, _bv_load)
+SOURCES = (HF, BIG_VISION)
+
+
+def find(init_from: str) -> tuple[Source, str] | None:
+  """(its Source, the path after the prefix) for a pretrained `init_from`, else None (an
+  `init_from` without a prefix is another run of this project)."""
+  for source in SOURCES:
+    if init_from.startswith(source.prefix):
+      return source, init_from[len(source.prefix) :]
+  return None
