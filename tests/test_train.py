@@ -292,9 +292,10 @@ def test_unwritable_workdir_and_incompatible_checkpoint(tmp_path):
   assert os.listdir(os.path.join(workdir, "checkpoints")) == ["3"]  # nothing lost
 
 
-def test_init_from_refuses_a_run_with_another_tokenizer(tmp_path):
+def test_init_from_refuses_a_run_with_another_tokenizer(tmp_path, monkeypatch):
   """Fine-tuning from a run whose character vocabulary differs fails before compiling;
-  reusing that run's tokenizer (`data.tokenizer_from`) trains."""
+  reusing that run's tokenizer (`data.tokenizer_from`) trains, with `init_from` given
+  relative to the current directory as the documented commands do."""
   source = str(tmp_path / "source")
   train_lib.train_and_evaluate(tiny_lm_config(num_train_steps=3), source)
   text = tmp_path / "other.txt"
@@ -304,6 +305,8 @@ def test_init_from_refuses_a_run_with_another_tokenizer(tmp_path):
   with pytest.raises(ValueError, match=r"init_from=.* differs from this run's.*tokenizer_from"):
     train_lib.train_and_evaluate(config, str(tmp_path / "own_vocab"))
   config.data.tokenizer_from = source
+  monkeypatch.chdir(tmp_path)
+  config.init_from = "source"  # orbax wants absolute paths: finetune makes it one
   metrics = train_lib.train_and_evaluate(config, str(tmp_path / "shared_vocab"))
   assert np.isfinite(metrics["loss"])
 

@@ -87,8 +87,9 @@ def _load_pretrained(init_from: str) -> tuple[int, Any]:
 
 
 def _restore_run(path: str) -> Any:
-  inner = epath.Path(path) / "checkpoints"
-  ckpt_dir = inner if inner.is_dir() else epath.Path(path)
+  root = epath.Path(path if "://" in path else os.path.abspath(path))  # orbax: absolute paths
+  inner = root / "checkpoints"
+  ckpt_dir = inner if inner.is_dir() else root
   with checkpoints.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False) as mgr:
     step = mgr.latest_step()
     if step is None:
