@@ -22,6 +22,10 @@ nanoGPT's 2,001 (its loop trains iteration 2,000 at the final learning rate too)
 validation loss is over the whole validation split, not 20 random batches.
 
   python train.py --config configs/lm_shakespeare_nanogpt.py --workdir runs/nanogpt
+
+Result (2-core AMD EPYC, AVX-512): validation loss 1.8434 over the whole split after
+2,000 updates, in 64.5 s wall (load 1.4, in `benchmarks/race.py`, where the PyTorch
+re-implementation took 92.6 s and ended at 1.8977) to 73 s (load 2).
 """
 
 from transformer.train.experiment import default_config
