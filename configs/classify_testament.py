@@ -23,6 +23,11 @@ the load (86-144 s user CPU). All four runs used the mlm_bible run's tokenizer (
 byte-identical SentencePiece model); mlm_bible itself: 27.0% masked-LM accuracy.
 Fine-tuned from a later mlm_bible run (its MLM head at the predicted positions only, same
 27.0%), seed 0: 90.03% (0.250) in 60 s wall (93 s user CPU, load ~2).
+
+With few labels pretraining pays off more: `python -m transformer.research.low_label` trains
+both arms on a fixed random 1,000 or 3,000 of the training verses (`data.train_examples`,
+drawn from `config.seed`, the same for both arms of a seed) over three seeds; results in
+docs/RESEARCH.md ("Pretraining with few labels").
 """
 
 from transformer.train.experiment import default_config

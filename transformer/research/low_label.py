@@ -1,0 +1,473 @@
+"""Pretraining in the low-label regime: fine-tuned vs from scratch with 1,000 and 3,000 labels.
+
+`configs/classify_testament.py` (Old vs New Testament, KJV verses) fine-tuned from the
+masked-LM encoder of `configs/mlm_bible.py` beats the same classifier trained from scratch
+by only about one point with its ~28,000 labelled training verses. Pretraining should
+matter most when labels are few (the classic demonstration since ULMFiT and BERT), so this
+trains both arms on `data.train_examples=N` verses only:
+
+  python -m transformer.research.low_label [--examples 1000 3000] [--seeds 0 1 2] \\
+    [--pretrained runs/mlm_bible] --workdir runs/low_label \\
+    [--search_learning_rates 1e-4 3e-4 1e-3 --search_steps 200 600]
+
+  * pretraining: `--pretrained DIR` (default `WORKDIR/mlm_bible`) is used as it is when it
+    holds a checkpoint; otherwise `configs/mlm_bible.py` is trained there first, once
+    (`--pretrain_steps` updates, default the recipe's 1,000; an interrupted pretraining,
+    `train.log` without `done`, resumes on the next call).
+  * fine-tuned arm: `--config.init_from=DIR --config.data.tokenizer_from=DIR`;
+    from-scratch arm: `--config.data.tokenizer_from=DIR` only, so both read the verses in
+    the same 4,000-piece vocabulary and differ only in the initial encoder weights. Both
+    are fully fine-tuned (every parameter trains).
+  * the subset: `DataConfig.train_examples` draws N training verses from `config.seed`,
+    so the two arms of a seed train on the same verses (and the same batch order), and the
+    spread over seeds includes the choice of the N verses, not only the initialisation.
+  * the budget: by default the same `--steps` updates (600, the full-data recipe's) of
+    the recipe's batch (32) for every N and both arms, warmup 10%, cosine to 0, the
+    recipe's learning rate: 19 epochs of 1,000 verses, 6.4 of 3,000. The reported number
+    is the test accuracy of the final weights (no checkpoint selection, so the test split
+    never picks anything); the test split is also evaluated every `--eval_every` steps
+    and the JSON keeps that curve, to see whether an arm was still climbing at the end.
+  * the search (`--search_learning_rates`, `--search_steps`): the same grid for both arms
+    and every N. Each (N, arm) trains every point on `--search_seeds` (default: the first
+    seed), evaluated on the validation split, and its final runs use its own best point:
+    each arm gets its best learning rate and budget, chosen without the test split.
+
+Every run is `python -m transformer.train_main` in its own process (the same flags and
+process settings as `train.py`), output in `WORKDIR/n<N>/<arm>/seed<S>/train.log` (search
+runs: `WORKDIR/search/n<N>/<arm>/lr<LR>_steps<S>/seed<S>/`); a finished run leaves
+`result.json` there and is not run again (a different setting in the same place is an
+error). Prints a Markdown table (per N and arm: learning rate, steps, test accuracy per
+seed, mean +- sample standard deviation over the seeds, and the fine-tuned minus scratch
+gap, with the per-seed gaps) and writes it, the search table, every run's curve, wall and
+CPU time, the machine and the load, to `WORKDIR/low_label.json` and `WORKDIR/low_label.md`.
+Results: docs/RESEARCH.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+CLASSIFIER = "configs/classify_testament.py"
+PRETRAINING = "configs/mlm_bible.py"
+BATCH_SIZE = 32  # the classify_testament recipe's
+ARMS = ("fine-tuned", "scratch")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """One run's budget besides N, the arm and the seed (the rest is the recipe's)."""
+
+  steps: int = 600  # updates of BATCH_SIZE verses; warmup 10% of them, then cosine to 0
+  learning_rate: float = 3e-4  # peak (the recipe's)
+  eval_every: int = 150  # interval of the accuracy curve (the final step is always evaluated)
+  eval_split: str = "test"  # the recipe's; the search evaluates 'validation'
+
+  def __post_init__(self):
+    if self.steps < 1 or self.eval_every < 1:
+      raise ValueError(f"steps and eval_every must be >= 1, got {self.steps}, {self.eval_every}")
+    if not self.learning_rate > 0:
+      raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+    if self.eval_split not in ("test", "validation"):
+      raise ValueError(f"eval_split must be 'test' or 'validation', got {self.eval_split!r}")
+
+  @property
+  def name(self) -> str:
+    return f"lr{self.learning_rate:g}_steps{self.steps}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+  examples: int  # labelled training verses (data.train_examples)
+  arm: str  # 'fine-tuned' | 'scratch'
+  seed: int
+  steps: int
+  learning_rate: float
+  split: str  # the split `accuracy`, `loss` and `curve` are measured on
+  accuracy: float  # accuracy of the final weights
+  loss: float  # loss of the final weights
+  curve: tuple[tuple[int, float], ...]  # (step, accuracy) at every evaluation
+  seconds: float  # wall time of the run's process
+  cpu_seconds: float  # its user + system CPU time
+
+
+def epochs(examples: int, steps: int, batch_size: int = BATCH_SIZE) -> float:
+  """Passes over the `examples` training verses that `steps` updates of `batch_size` make."""
+  return steps * batch_size / examples
+
+
+def run_overrides(
+  arm: str, examples: int, seed: int, pretrained: str, settings: Settings = Settings()
+) -> list[str]:
+  """The `--config.*` flags of one classify_testament run (everything else: the recipe)."""
+  if arm not in ARMS:
+    raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
+  flags = {
+    "data.train_examples": examples,
+    "data.tokenizer_from": pretrained,
+    "seed": seed,
+    "num_train_steps": settings.steps,
+    "schedule.warmup_steps": max(1, settings.steps // 10),
+    "schedule.learning_rate": settings.learning_rate,
+    "eval_every": settings.eval_every,
+    "checkpoint_every": settings.steps,
+    "keep_checkpoints": 1,
+  }
+  if settings.eval_split != "test":  # the recipe's split is left unnamed
+    flags["data.eval_split"] = settings.eval_split
+  if arm == "fine-tuned":
+    flags["init_from"] = pretrained
+  return [f"--config.{k}={v}" for k, v in flags.items()]
+
+
+def _train(config: str, workdir: Path, overrides: list[str]) -> tuple[float, float]:
+  """One training process; output to `workdir/train.log`. Returns (wall, CPU) seconds."""
+  workdir.mkdir(parents=True, exist_ok=True)
+  command = [sys.executable, "-m", "transformer.train_main", f"--config={config}"]
+  command += [f"--workdir={workdir}", *overrides]
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  start = time.perf_counter()
+  with open(workdir / "train.log", "a", encoding="utf-8") as log:
+    log.write("$ " + " ".join(command) + "\n")
+    log.flush()
+    code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+  wall = time.perf_counter() - start
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  if code:
+    tail = (workdir / "train.log").read_text(encoding="utf-8").strip().splitlines()[-1:]
+    raise RuntimeError(f"{workdir}: training failed (exit {code}): {tail[0] if tail else ''}")
+  cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+  return wall, cpu
+
+
+def has_checkpoint(workdir: Path) -> bool:
+  folder = workdir / "checkpoints"
+  return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
+
+
+def pretrain(workdir: Path, steps: int = 0) -> Path:
+  """`workdir` as it is if it holds a finished (or foreign) run, else trains mlm_bible there
+  (`steps` updates; 0 = the recipe's 1,000)."""
+  started_here = (workdir / "train.log").exists() and not (workdir / "done").exists()
+  if has_checkpoint(workdir) and not started_here:
+    print(f"pretrained encoder: {workdir} (used as it is)", flush=True)
+    return workdir
+  print(f"pretraining {PRETRAINING} in {workdir} ...", flush=True)
+  overrides = [f"--config.num_train_steps={steps}"] if steps else []
+  wall, cpu = _train(PRETRAINING, workdir, overrides)
+  (workdir / "done").write_text(json.dumps({"seconds": wall, "cpu_seconds": cpu}) + "\n")
+  print(f"pretraining done in {wall:.0f} s ({cpu:.0f} s CPU)", flush=True)
+  return workdir
+
+
+def read_evaluations(workdir: Path) -> list[dict]:
+  """The `eval` records of a run's metrics.jsonl, by step (a resumed run's last wins)."""
+  by_step: dict[int, dict] = {}
+  path = workdir / "metrics.jsonl"
+  for line in path.read_text(encoding="utf-8").splitlines():
+    record = json.loads(line)
+    if record.get("split") == "eval":
+      by_step[int(record["step"])] = record
+  return [by_step[s] for s in sorted(by_step)]
+
+
+def classify(
+  arm: str,
+  examples: int,
+  seed: int,
+  pretrained: str | os.PathLike,
+  run_dir: Path,
+  settings: Settings = Settings(),
+) -> Result:
+  """One run in `run_dir`, or the `result.json` it left when it finished before with
+  these settings."""
+  done = run_dir / "result.json"
+  overrides = run_overrides(arm, examples, seed, str(pretrained), settings)
+  measured = dict(steps=settings.steps, learning_rate=settings.learning_rate)
+  measured["split"] = settings.eval_split
+  if done.exists():
+    fields = json.loads(done.read_text(encoding="utf-8"))
+    if fields.pop("overrides", None) != overrides:
+      raise ValueError(
+        f"{run_dir} holds a run with other settings than {overrides}; use another --workdir"
+      )
+    fields["curve"] = tuple(tuple(p) for p in fields["curve"])
+    return Result(**(fields | measured))
+  wall, cpu = _train(CLASSIFIER, run_dir, overrides)
+  evals = read_evaluations(run_dir)
+  if not evals or evals[-1]["step"] != settings.steps:
+    raise RuntimeError(f"{run_dir}: no evaluation at the final step {settings.steps}")
+  curve = tuple((int(e["step"]), float(e["accuracy"])) for e in evals)
+  accuracy, loss = float(evals[-1]["accuracy"]), float(evals[-1]["loss"])
+  result = Result(examples, arm, seed, **measured, accuracy=accuracy, loss=loss, curve=curve,
+                  seconds=wall, cpu_seconds=cpu)  # fmt: skip
+  record = dataclasses.asdict(result) | {"overrides": overrides}
+  done.write_text(json.dumps(record) + "\n", encoding="utf-8")
+  return result
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+  """Mean and sample standard deviation (ddof 1; 0 for a single value)."""
+  a = np.asarray(values, dtype=np.float64)
+  return float(a.mean()), float(a.std(ddof=1)) if len(a) > 1 else 0.0
+
+
+def summarize(results: list[Result]) -> list[dict]:
+  """Per N: each arm's settings, accuracies by seed, mean and std; the gap of the means and
+  the per-seed gaps (paired: the same subset and batch order) with their mean and std."""
+  out = []
+  for n in sorted({r.examples for r in results}):
+    entry: dict = {"examples": n, "arms": {}}
+    for arm in ARMS:
+      runs = sorted((r for r in results if r.examples == n and r.arm == arm), key=lambda r: r.seed)
+      if runs:
+        mean, std = mean_std([r.accuracy for r in runs])
+        entry["arms"][arm] = {
+          "steps": runs[0].steps,
+          "epochs": epochs(n, runs[0].steps),
+          "learning_rate": runs[0].learning_rate,
+          "split": runs[0].split,
+          "per_seed": {r.seed: r.accuracy for r in runs},
+          "mean": mean,
+          "std": std,
+        }
+    if len(entry["arms"]) == len(ARMS):
+      fine, scratch = (entry["arms"][a]["per_seed"] for a in ARMS)
+      paired = [fine[seed] - scratch[seed] for seed in fine if seed in scratch]
+      entry["gap"] = entry["arms"]["fine-tuned"]["mean"] - entry["arms"]["scratch"]["mean"]
+      entry["paired_gaps"] = paired
+      entry["paired_gap_mean"], entry["paired_gap_std"] = (
+        mean_std(paired) if paired else (math.nan, math.nan)
+      )
+    out.append(entry)
+  return out
+
+
+def to_markdown(summary: list[dict]) -> str:
+  """One row per (N, arm): peak learning rate, steps (epochs), accuracy per seed, mean +-
+  std; the gap on the fine-tuned row (difference of the means; per-seed gaps after it)."""
+  split = next(iter(summary[0]["arms"].values()))["split"] if summary else "test"
+  lines = [
+    f"| labelled verses | arm | peak lr | steps (epochs) | {split} accuracy per seed (%) "
+    "| mean ± std | gap (points) |",
+    "| --- | --- | --- | --- | --- | --- | --- |",
+  ]
+  for entry in summary:
+    for arm, stats in entry["arms"].items():
+      seeds = ", ".join(f"{100 * a:.1f}" for _, a in sorted(stats["per_seed"].items()))
+      gap = ""
+      if arm == "fine-tuned" and "gap" in entry:
+        per_seed = ", ".join(f"{100 * g:+.1f}" for g in entry["paired_gaps"])
+        gap = f"**{100 * entry['gap']:+.1f}** (per seed {per_seed})"
+      lines.append(
+        f"| {entry['examples']:,} | {arm} | {stats['learning_rate']:g} "
+        f"| {stats['steps']} ({stats['epochs']:.1f}) | {seeds} "
+        f"| {100 * stats['mean']:.1f} ± {100 * stats['std']:.1f} | {gap} |"
+      )
+  return "\n".join(lines)
+
+
+def search_markdown(searched: dict) -> str:
+  """The search: validation accuracy (mean over the search seeds) of every grid point, per
+  N and arm; the chosen point in bold."""
+  lines = [
+    "| labelled verses | arm | peak lr | steps (epochs) | validation accuracy (%) |",
+    "| --- | --- | --- | --- | --- |",
+  ]
+  for (n, arm), (chosen, points) in searched.items():
+    for settings, accuracy in points:
+      mark = "**" if settings == chosen else ""
+      lines.append(
+        f"| {n:,} | {arm} | {settings.learning_rate:g} "
+        f"| {settings.steps} ({epochs(n, settings.steps):.1f}) | {mark}{100 * accuracy:.1f}{mark} |"
+      )
+  return "\n".join(lines)
+
+
+def machine() -> dict:
+  """CPU model, core count, vector ISA flags and the 1 / 5 / 15-minute load averages."""
+  model, flags = "", set()
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      key, _, value = line.partition(":")
+      if key.strip() == "model name" and not model:
+        model = value.strip()
+      elif key.strip() == "flags" and not flags:
+        flags = set(value.split())
+  except OSError:
+    pass
+  isa = [
+    f
+    for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "amx_tile")
+    if f in flags
+  ]
+  load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+  return {
+    "cpu": model or platform.processor(),
+    "cores": os.cpu_count(),
+    "isa": isa,
+    "load_average": list(load),
+  }
+
+
+def _report(r: Result) -> None:
+  curve = " ".join(f"{step}:{100 * a:.1f}" for step, a in r.curve)
+  print(
+    f"  N={r.examples} {r.arm} seed {r.seed} (lr {r.learning_rate:g}, {r.steps} steps):"
+    f" {r.split} accuracy {100 * r.accuracy:.2f}% (loss {r.loss:.3f}) in {r.seconds:.0f} s"
+    f" ({r.cpu_seconds:.0f} s CPU); curve {curve}",
+    flush=True,
+  )
+
+
+def search(
+  examples: int,
+  arm: str,
+  grid: list[Settings],
+  seeds: list[int],
+  encoder: str | os.PathLike,
+  workdir: Path,
+) -> tuple[Settings, list[tuple[Settings, float]], list[Result]]:
+  """Trains `arm` at every grid point for `seeds` on N verses, evaluated on the validation
+  split; returns the point of the best mean validation accuracy (the earlier on a tie),
+  every point's mean, and the runs."""
+  points, runs = [], []
+  for point in grid:
+    point = dataclasses.replace(point, eval_split="validation", eval_every=point.steps)
+    accuracies = []
+    for seed in seeds:
+      run_dir = workdir / "search" / f"n{examples}" / arm / point.name / f"seed{seed}"
+      r = classify(arm, examples, seed, encoder, run_dir, point)
+      _report(r)
+      accuracies.append(r.accuracy)
+      runs.append(r)
+    points.append((point, float(np.mean(accuracies))))
+  best = max(range(len(points)), key=lambda i: (points[i][1], -i))
+  return points[best][0], points, runs
+
+
+def run(
+  examples: list[int],
+  seeds: list[int],
+  workdir: str | os.PathLike,
+  pretrained: str | os.PathLike | None = None,
+  settings: Settings = Settings(),
+  arms: tuple[str, ...] = ARMS,
+  grid: list[Settings] | None = None,
+  search_seeds: list[int] | None = None,
+  pretrain_steps: int = 0,
+) -> tuple[list[Result], dict]:
+  """Pretrains if needed, then trains every (N, seed, arm) run, smallest N first.
+
+  With a `grid`, each (N, arm) first trains every grid point on `search_seeds` (evaluated
+  on the validation split) and its final runs use the point it did best at (their curve
+  interval: `settings.eval_every`). Returns the final runs and the search
+  ((N, arm) -> (chosen, [(point, mean validation accuracy)])).
+  """
+  for name, values in (("--examples", examples), ("--seeds", seeds)):
+    if not values:
+      raise ValueError(f"{name}: give at least one value")
+  if any(n < 1 for n in examples):
+    raise ValueError(f"--examples must be positive integers, got {examples}")
+  workdir = Path(workdir)
+  encoder = pretrain(Path(pretrained) if pretrained else workdir / "mlm_bible", pretrain_steps)
+  encoder = encoder.resolve()
+  results, searched = [], {}
+  for n in examples:
+    for arm in arms:
+      chosen = settings
+      if grid:
+        point, points, _ = search(n, arm, grid, search_seeds or seeds[:1], encoder, workdir)
+        searched[(n, arm)] = (point, points)
+        chosen = dataclasses.replace(point, eval_every=settings.eval_every, eval_split="test")
+        print(f"  N={n} {arm}: chose lr {chosen.learning_rate:g}, {chosen.steps} steps", flush=True)
+      for seed in seeds:
+        r = classify(arm, n, seed, encoder, workdir / f"n{n}" / arm / f"seed{seed}", chosen)
+        _report(r)
+        results.append(r)
+  return results, searched
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workdir", required=True, help="runs, low_label.json and low_label.md")
+  parser.add_argument("--examples", type=int, nargs="+", default=[1000, 3000], help="labelled N")
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--pretrained", default="", help="mlm_bible workdir; '' = WORKDIR/mlm_bible")
+  parser.add_argument("--pretrain_steps", type=int, default=0, help="when pretraining: 0 = 1,000")
+  parser.add_argument("--steps", type=int, default=600, help="updates per run (both arms, any N)")
+  parser.add_argument("--learning_rate", type=float, default=3e-4, help="peak (both arms)")
+  parser.add_argument("--eval_every", type=int, default=150, help="accuracy curve interval")
+  parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+  parser.add_argument(
+    "--search_learning_rates", type=float, nargs="+", default=[], help="grid (both arms)"
+  )
+  parser.add_argument("--search_steps", type=int, nargs="+", default=[], help="grid (both arms)")
+  parser.add_argument("--search_seeds", type=int, nargs="+", default=None, help="default: 1st")
+  args = parser.parse_args(argv)
+  settings = Settings(args.steps, args.learning_rate, args.eval_every)
+  grid = None
+  if args.search_learning_rates or args.search_steps:
+    grid = [
+      Settings(steps, lr)
+      for lr in args.search_learning_rates or [args.learning_rate]
+      for steps in args.search_steps or [args.steps]
+    ]
+  start, at_start = time.perf_counter(), machine()
+  budget = (
+    f"search over {len(grid)} points" if grid else f"{args.steps} steps, lr {args.learning_rate:g}"
+  )
+  print(
+    f"low_label: N {args.examples}, seeds {args.seeds}, batch {BATCH_SIZE}, {budget};"
+    f" {at_start['cpu']} ({at_start['cores']} cores, {' '.join(at_start['isa'])}),"
+    f" load {at_start['load_average']}",
+    flush=True,
+  )
+  results, searched = run(
+    args.examples, args.seeds, args.workdir, args.pretrained or None, settings,
+    tuple(args.arms), grid, args.search_seeds, args.pretrain_steps,
+  )  # fmt: skip
+  summary = summarize(results)
+  table = to_markdown(summary)
+  tables = [search_markdown(searched), table] if searched else [table]
+  wall = time.perf_counter() - start
+  print("\n\n".join(tables))
+  print(f"wall time {wall:.0f} s; load average at the end {machine()['load_average']}")
+  out = Path(args.workdir)
+  report = {
+    "command": " ".join(["python -m transformer.research.low_label", *(argv or sys.argv[1:])]),
+    "settings": vars(args) | {"batch_size": BATCH_SIZE},
+    "machine_at_start": at_start,
+    "machine_at_end": machine(),
+    "wall_seconds": wall,  # this call (finished runs are read, not rerun)
+    "run_seconds": sum(r.seconds for r in results),  # the final runs' own wall times
+    "search": [
+      {
+        "examples": n,
+        "arm": arm,
+        "chosen": dataclasses.asdict(chosen),
+        "points": [dataclasses.asdict(p) | {"validation_accuracy": a} for p, a in points],
+      }
+      for (n, arm), (chosen, points) in searched.items()
+    ],  # fmt: skip
+    "summary": summary,
+    "runs": [dataclasses.asdict(r) for r in results],
+  }
+  (out / "low_label.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+  (out / "low_label.md").write_text("\n\n".join(tables) + "\n", encoding="utf-8")
+  return results
+
+
+if __name__ == "__main__":
+  main()
