@@ -33,13 +33,14 @@ trains both arms on `data.train_examples=N` verses only:
     each arm gets its best learning rate and budget, chosen without the test split.
 
 Every run is `python -m transformer.train_main` in its own process (the same flags and
-process settings as `train.py`), output in `WORKDIR/n<N>/<arm>/seed<S>/train.log` (search
-runs: `WORKDIR/search/n<N>/<arm>/lr<LR>_steps<S>/seed<S>/`); a finished run leaves
-`result.json` there and is not run again (a different setting in the same place is an
-error). Prints a Markdown table (per N and arm: learning rate, steps, test accuracy per
-seed, mean +- sample standard deviation over the seeds, and the fine-tuned minus scratch
-gap, with the per-seed gaps) and writes it, the search table, every run's curve, wall and
-CPU time, the machine and the load, to `WORKDIR/low_label.json` and `WORKDIR/low_label.md`.
+process settings as `train.py`), output in `WORKDIR/n<N>/<arm>/lr<LR>_steps<S>/seed<S>/`
+(`train.log`, checkpoint, metrics; search runs under `WORKDIR/search/`); a finished run
+leaves `result.json` there and is not run again, so a grid extended later trains only its
+new points (other settings in the same place, e.g. another `--eval_every`, are an error).
+Prints a Markdown table (per N and arm: learning rate, steps, test accuracy per seed, mean
++- sample standard deviation over the seeds, and the fine-tuned minus scratch gap, with
+the per-seed gaps) and writes it, the search table, every run's curve, wall and CPU time,
+the machine and the load, to `WORKDIR/low_label.json` and `WORKDIR/low_label.md`.
 Results: docs/RESEARCH.md.
 """
 
@@ -393,7 +394,8 @@ def run(
         chosen = dataclasses.replace(point, eval_every=settings.eval_every, eval_split="test")
         print(f"  N={n} {arm}: chose lr {chosen.learning_rate:g}, {chosen.steps} steps", flush=True)
       for seed in seeds:
-        r = classify(arm, n, seed, encoder, workdir / f"n{n}" / arm / f"seed{seed}", chosen)
+        run_dir = workdir / f"n{n}" / arm / chosen.name / f"seed{seed}"
+        r = classify(arm, n, seed, encoder, run_dir, chosen)
         _report(r)
         results.append(r)
   return results, searched
