@@ -140,25 +140,43 @@ def test_table_and_gaps_from_the_runs():
   json.dumps(entry)  # the JSON report holds it
 
 
+def _finished(workdir, arm, point, accuracy):
+  """A search run's result.json, as a previous call would have left it."""
+  run_dir = workdir / "search" / "n1000" / arm / point.name / "seed0"
+  run_dir.mkdir(parents=True)
+  r = _result(1000, arm, 0, accuracy, point.steps, point.learning_rate)
+  record = dict(vars(r), overrides=low_label.run_overrides(arm, 1000, 0, "/pre", point))
+  (run_dir / "result.json").write_text(json.dumps(record))
+
+
 def test_the_search_picks_each_arms_best_validation_point(tmp_path):
-  grid = [low_label.Settings(200, 1e-3), low_label.Settings(600, 3e-4)]
-  accuracy = {("scratch", 200): 0.81, ("scratch", 600): 0.79}
-  for point in grid:  # finished runs, as a previous call would have left them
-    point = low_label.Settings(point.steps, point.learning_rate, point.steps, "validation")
-    run_dir = tmp_path / "search" / "n1000" / "scratch" / point.name / "seed0"
-    run_dir.mkdir(parents=True)
-    r = _result(
-      1000, "scratch", 0, accuracy["scratch", point.steps], point.steps, point.learning_rate
-    )
-    record = dict(vars(r), overrides=low_label.run_overrides("scratch", 1000, 0, "/pre", point))
-    (run_dir / "result.json").write_text(json.dumps(record))
-  chosen, points, runs = low_label.search(1000, "scratch", grid, [0], "/pre", tmp_path)
-  assert (chosen.steps, chosen.learning_rate) == (200, 1e-3)
-  assert [a for _, a in points] == [0.81, 0.79]
-  assert all(r.split == "validation" for r in runs)
-  assert "| 1,000 | scratch | 0.001 | 200 (6.4) | **81.0** |" in low_label.search_markdown(
+  for lr in (3e-4, 1e-3):
+    for steps, accuracy in ((200, 0.81), (600, 0.79)):
+      point = low_label.Settings(steps, lr, steps, "validation")
+      _finished(tmp_path, "scratch", point, accuracy + (lr == 3e-4) * 0.01)
+  chosen, points, runs = low_label.search(
+    1000, "scratch", [1e-3, 3e-4], [600, 200], [0], "/pre", tmp_path
+  )
+  assert (chosen.steps, chosen.learning_rate) == (200, 3e-4)
+  assert [(p.learning_rate, p.steps) for p, _ in points] == [
+    (3e-4, 200),
+    (3e-4, 600),
+    (1e-3, 200),
+    (1e-3, 600),
+  ]
+  assert all(r.split == "validation" for r in runs) and len(runs) == 4
+  assert "| 1,000 | scratch | 0.0003 | 200 (6.4) | **82.0** |" in low_label.search_markdown(
     {(1000, "scratch"): (chosen, points)}
   )
+
+
+def test_a_pick_on_an_edge_extends_the_grid_past_it():
+  assert low_label.extended([3e-4, 1e-4, 1e-3], 1e-3) == [1e-4, 3e-4, 1e-3, 3e-3]
+  assert low_label.extended([1e-4, 3e-4, 1e-3], 1e-4) == [3e-5, 1e-4, 3e-4, 1e-3]
+  assert low_label.extended([200, 600, 1200], 1200, integer=True) == [200, 600, 1200, 2400]
+  assert low_label.extended([200, 600, 1200], 600, integer=True) is None  # interior
+  assert low_label.extended([600], 600, integer=True) is None  # nothing to extend along
+  assert low_label.extended([1, 2], 1, integer=True) is None  # no step count below 1
 
 
 def test_finished_runs_are_reused_only_with_the_same_settings(tmp_path):
@@ -177,3 +195,15 @@ def test_a_pretrained_run_with_a_checkpoint_is_used_as_it_is(tmp_path):
   assert low_label.pretrain(tmp_path / "mlm") == tmp_path / "mlm"  # nothing trained
   with pytest.raises(ValueError, match="--examples must be positive"):
     low_label.run([0], [0], tmp_path, tmp_path / "mlm")
+
+
+def test_the_search_grows_the_grid_while_the_pick_is_on_an_edge(tmp_path):
+  for lr, accuracy in ((3e-4, 0.80), (1e-3, 0.82), (3e-3, 0.83), (1e-2, 0.70)):
+    _finished(tmp_path, "scratch", low_label.Settings(600, lr, 600, "validation"), accuracy)
+  chosen, points, _ = low_label.search(1000, "scratch", [3e-4, 1e-3], [600], [0], "/pre", tmp_path)
+  assert chosen.learning_rate == 1e-3 and len(points) == 2  # no extension asked for
+  chosen, points, _ = low_label.search(
+    1000, "scratch", [3e-4, 1e-3], [600], [0], "/pre", tmp_path, extend=3
+  )
+  assert chosen.learning_rate == 3e-3  # 1e-3 was the edge; 3e-3 beat it; 1e-2 did not
+  assert [p.learning_rate for p, _ in points] == [3e-4, 1e-3, 3e-3, 1e-2]

@@ -8,7 +8,7 @@ trains both arms on `data.train_examples=N` verses only:
 
   python -m transformer.research.low_label [--examples 1000 3000] [--seeds 0 1 2] \\
     [--pretrained runs/mlm_bible] --workdir runs/low_label \\
-    [--search_learning_rates 1e-4 3e-4 1e-3 --search_steps 200 600]
+    [--search_learning_rates 1e-4 3e-4 1e-3 --search_steps 200 600 1200 --extend_edges 2]
 
   * pretraining: `--pretrained DIR` (default `WORKDIR/mlm_bible`) is used as it is when it
     holds a checkpoint; otherwise `configs/mlm_bible.py` is trained there first, once
@@ -30,7 +30,10 @@ trains both arms on `data.train_examples=N` verses only:
   * the search (`--search_learning_rates`, `--search_steps`): the same grid for both arms
     and every N. Each (N, arm) trains every point on `--search_seeds` (default: the first
     seed), evaluated on the validation split, and its final runs use its own best point:
-    each arm gets its best learning rate and budget, chosen without the test split.
+    each arm gets its best learning rate and budget, chosen without the test split. With
+    `--extend_edges K`, a best point on an edge of the grid (its largest learning rate,
+    say) grows that arm's grid one value past the edge, up to K times: the same rule for
+    both arms, so neither is held to a range that suits the other.
 
 Every run is `python -m transformer.train_main` in its own process (the same flags and
 process settings as `train.py`), output in `WORKDIR/n<N>/<arm>/lr<LR>_steps<S>/seed<S>/`
@@ -332,30 +335,74 @@ def _report(r: Result) -> None:
   )
 
 
+def extended(values: list, chosen, integer: bool = False) -> list | None:
+  """`values` (sorted) with one more value past the end that `chosen` sits at, at the ratio
+  of the two values there: a step count rounded (600, 1200 -> 2400), a learning rate
+  snapped to the 1-3-10 series (3e-4, 1e-3 -> 3e-3 -> 1e-2). None when `chosen` is
+  interior, there is a single value, or the new value is not new (or, for step counts,
+  below 1)."""
+  values = sorted(values)
+  if len(values) < 2 or chosen not in (values[0], values[-1]):
+    return None
+  a, b = (values[-2], values[-1]) if chosen == values[-1] else (values[1], values[0])
+  new = b * b / a
+  if integer:
+    new = int(round(new))
+  else:
+    decade = math.floor(math.log10(new))
+    series = [m * 10.0**e for e in (decade, decade + 1) for m in (1, 3)]
+    new = float(f"{min(series, key=lambda v: abs(math.log(v / new))):.1g}")
+  if new in values or new < (1 if integer else 0):
+    return None
+  return sorted({*values, new})
+
+
 def search(
   examples: int,
   arm: str,
-  grid: list[Settings],
+  learning_rates: list[float],
+  steps: list[int],
   seeds: list[int],
   encoder: str | os.PathLike,
   workdir: Path,
+  extend: int = 0,
 ) -> tuple[Settings, list[tuple[Settings, float]], list[Result]]:
-  """Trains `arm` at every grid point for `seeds` on N verses, evaluated on the validation
-  split; returns the point of the best mean validation accuracy (the earlier on a tie),
-  every point's mean, and the runs."""
-  points, runs = [], []
-  for point in grid:
-    point = dataclasses.replace(point, eval_split="validation", eval_every=point.steps)
-    accuracies = []
-    for seed in seeds:
-      run_dir = workdir / "search" / f"n{examples}" / arm / point.name / f"seed{seed}"
-      r = classify(arm, examples, seed, encoder, run_dir, point)
-      _report(r)
-      accuracies.append(r.accuracy)
-      runs.append(r)
-    points.append((point, float(np.mean(accuracies))))
-  best = max(range(len(points)), key=lambda i: (points[i][1], -i))
-  return points[best][0], points, runs
+  """Trains `arm` at every (learning rate, steps) of the grid for `seeds` on N verses,
+  evaluated on the validation split, and picks the best mean validation accuracy (the
+  smaller learning rate and budget on a tie). While the pick is on an edge of the grid
+  (its largest or smallest learning rate or budget), up to `extend` times, the grid grows
+  by one value past that edge (`extended`) and the new points are trained too: the same
+  rule for both arms, so neither is held to a range that suits the other.
+
+  Returns the pick, every point with its mean validation accuracy, and the runs."""
+  learning_rates, steps = sorted(learning_rates), sorted(steps)
+  trained: dict[Settings, float] = {}
+  runs = []
+  for round_ in range(extend + 1):
+    for lr in learning_rates:
+      for budget in steps:
+        point = Settings(budget, lr, eval_every=budget, eval_split="validation")
+        if point in trained:
+          continue
+        accuracies = []
+        for seed in seeds:
+          run_dir = workdir / "search" / f"n{examples}" / arm / point.name / f"seed{seed}"
+          r = classify(arm, examples, seed, encoder, run_dir, point)
+          _report(r)
+          accuracies.append(r.accuracy)
+          runs.append(r)
+        trained[point] = float(np.mean(accuracies))
+    order = sorted(trained, key=lambda p: (p.learning_rate, p.steps))
+    best = max(order, key=lambda p: (trained[p], -order.index(p)))
+    if round_ == extend:
+      break
+    more_lr = extended(learning_rates, best.learning_rate)
+    more_steps = extended(steps, best.steps, integer=True)
+    if more_lr is None and more_steps is None:
+      break
+    learning_rates, steps = more_lr or learning_rates, more_steps or steps
+    print(f"  N={examples} {arm}: best on an edge; grid now lr {learning_rates}, steps {steps}")
+  return best, [(p, trained[p]) for p in order], runs
 
 
 def run(
@@ -365,15 +412,17 @@ def run(
   pretrained: str | os.PathLike | None = None,
   settings: Settings = Settings(),
   arms: tuple[str, ...] = ARMS,
-  grid: list[Settings] | None = None,
+  grid: tuple[list[float], list[int]] | None = None,
   search_seeds: list[int] | None = None,
   pretrain_steps: int = 0,
+  extend: int = 0,
 ) -> tuple[list[Result], dict]:
   """Pretrains if needed, then trains every (N, seed, arm) run, smallest N first.
 
-  With a `grid`, each (N, arm) first trains every grid point on `search_seeds` (evaluated
-  on the validation split) and its final runs use the point it did best at (their curve
-  interval: `settings.eval_every`). Returns the final runs and the search
+  With a `grid` (learning rates, steps), each (N, arm) first searches it (`search`: on
+  `search_seeds`, evaluated on the validation split, extended up to `extend` times past
+  an edge) and its final runs use the point it did best at (their curve interval:
+  `settings.eval_every`). Returns the final runs and the search
   ((N, arm) -> (chosen, [(point, mean validation accuracy)])).
   """
   for name, values in (("--examples", examples), ("--seeds", seeds)):
@@ -389,7 +438,9 @@ def run(
     for arm in arms:
       chosen = settings
       if grid:
-        point, points, _ = search(n, arm, grid, search_seeds or seeds[:1], encoder, workdir)
+        point, points, _ = search(
+          n, arm, *grid, search_seeds or seeds[:1], encoder, workdir, extend
+        )
         searched[(n, arm)] = (point, points)
         chosen = dataclasses.replace(point, eval_every=settings.eval_every, eval_split="test")
         print(f"  N={n} {arm}: chose lr {chosen.learning_rate:g}, {chosen.steps} steps", flush=True)
@@ -417,18 +468,19 @@ def main(argv: list[str] | None = None) -> list[Result]:
   )
   parser.add_argument("--search_steps", type=int, nargs="+", default=[], help="grid (both arms)")
   parser.add_argument("--search_seeds", type=int, nargs="+", default=None, help="default: 1st")
+  parser.add_argument(
+    "--extend_edges", type=int, default=0, help="times a search grid grows past an edge pick"
+  )
   args = parser.parse_args(argv)
   settings = Settings(args.steps, args.learning_rate, args.eval_every)
   grid = None
   if args.search_learning_rates or args.search_steps:
-    grid = [
-      Settings(steps, lr)
-      for lr in args.search_learning_rates or [args.learning_rate]
-      for steps in args.search_steps or [args.steps]
-    ]
+    grid = (args.search_learning_rates or [args.learning_rate], args.search_steps or [args.steps])
   start, at_start = time.perf_counter(), machine()
   budget = (
-    f"search over {len(grid)} points" if grid else f"{args.steps} steps, lr {args.learning_rate:g}"
+    f"search over lr {grid[0]} x steps {grid[1]}"
+    if grid
+    else f"{args.steps} steps, lr {args.learning_rate:g}"
   )
   print(
     f"low_label: N {args.examples}, seeds {args.seeds}, batch {BATCH_SIZE}, {budget};"
@@ -438,7 +490,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
   )
   results, searched = run(
     args.examples, args.seeds, args.workdir, args.pretrained or None, settings,
-    tuple(args.arms), grid, args.search_seeds, args.pretrain_steps,
+    tuple(args.arms), grid, args.search_seeds, args.pretrain_steps, args.extend_edges,
   )  # fmt: skip
   summary = summarize(results)
   table = to_markdown(summary)
