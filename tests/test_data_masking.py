@@ -1,9 +1,11 @@
 """MLM masking proportions and determinism; image normalisation and augmentation."""
 
+import itertools
+
 import numpy as np
 import pytest
 
-from transformer.data import images, masking
+from transformer.data import images, masking, pipeline
 from transformer.data.tokenizers import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 VOCAB = 1000
@@ -124,6 +126,55 @@ def test_augment_is_seeded_and_shape_preserving():
   assert any(
     np.array_equal(crop, padded[t : t + 6, left : left + 5]) for t in range(5) for left in range(5)
   )
+
+
+def test_augment_batch_crops_and_flips_each_image_on_its_own():
+  batch = np.arange(40 * 6 * 5, dtype=np.int64).reshape(40, 6, 5, 1).astype(np.uint8)
+  out = images.augment_batch(batch, np.random.default_rng(3), crop_padding=2, flip=True)
+  again = images.augment_batch(batch, np.random.default_rng(3), crop_padding=2, flip=True)
+  assert out.shape == batch.shape and out.dtype == np.uint8
+  np.testing.assert_array_equal(out, again)
+  windows = set()
+  for b in range(40):  # image b is a window of its own padded image, mirrored or not
+    padded = np.pad(batch[b], ((2, 2), (2, 2), (0, 0)))
+    hits = [
+      (t, left, m)
+      for t in range(5)
+      for left in range(5)
+      for m in (False, True)
+      if np.array_equal(
+        out[b], (lambda w: w[:, ::-1] if m else w)(padded[t : t + 6, left : left + 5])
+      )
+    ]
+    assert hits, b
+    windows.add(hits[0])
+  assert len(windows) > 10  # offsets and flips drawn per image
+  np.testing.assert_array_equal(
+    images.augment_batch(batch, np.random.default_rng(0), 0, False), batch
+  )
+  mirrored = images.augment_batch(batch, np.random.default_rng(0), 0, True)
+  flipped = [np.array_equal(m, b[:, ::-1]) for m, b in zip(mirrored, batch, strict=True)]
+  assert all(f or np.array_equal(m, b) for f, m, b in zip(flipped, mirrored, batch, strict=True))
+  assert 5 < sum(flipped) < 35
+
+
+def test_images_in_memory_give_the_batches_of_record_by_record_reads(monkeypatch):
+  rng = np.random.default_rng(0)
+  source = [{"image": rng.integers(0, 256, (6, 5), np.uint8), "label": i % 10} for i in range(103)]
+  loader = pipeline.Loader(process_index=1, process_count=2)
+  kw = dict(batch_size=8, train=True, mean=(0.3,), std=(0.35,), seed=3, loader=loader)
+  held = pipeline.in_memory_images(source, loader)
+  assert held[0].shape == (51, 6, 5, 1) and list(held[1][:3]) == [1, 3, 5]  # this host's shard
+  fast = list(itertools.islice(pipeline.image_dataset(source, **kw), 15))  # about 2 epochs
+  monkeypatch.setattr(pipeline, "IN_MEMORY_IMAGE_BYTES", 0)  # record by record
+  assert pipeline.in_memory_images(source, loader) is None
+  slow = list(itertools.islice(pipeline.image_dataset(source, **kw), 15))
+  for a, b in zip(fast, slow, strict=True):
+    assert a["image"].dtype == b["image"].dtype == np.float32
+    np.testing.assert_array_equal(a["image"], b["image"])
+    np.testing.assert_array_equal(a["label"], b["label"])
+  mixed = source[:3] + [{"image": np.zeros((5, 6), np.uint8), "label": 0}]
+  assert pipeline.in_memory_images(mixed, pipeline.Loader(0, 1)) is None  # sizes vary
 
 
 def test_resize_center_crop():

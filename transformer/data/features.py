@@ -278,3 +278,26 @@ class Image:
       "image": images.normalize(image, self.mean, self.std),
       "label": np.int32(record[self.label_key]),
     }
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageBatch:
+  """Indices [B] into images held in memory -> the batch `Image` would make of them:
+  `image` float32 [B, H, W, C] (augmented a batch at a time if training, normalised),
+  `label` int32 [B]."""
+
+  images: np.ndarray  # uint8 [N, H, W, C]
+  labels: np.ndarray  # int32 [N]
+  mean: Sequence[float]
+  std: Sequence[float]
+  crop_padding: int = 0
+  flip: bool = False
+
+  def __call__(
+    self, indices: np.ndarray, rng: np.random.Generator | None = None
+  ) -> dict[str, np.ndarray]:
+    indices = np.asarray(indices)
+    batch = self.images[indices]  # [B, H, W, C]
+    if rng is not None:
+      batch = images.augment_batch(batch, rng, self.crop_padding, self.flip)
+    return {"image": images.normalize(batch, self.mean, self.std), "label": self.labels[indices]}

@@ -1,7 +1,8 @@
 """Image preprocessing: per-channel normalisation and seeded augmentation.
 
-Shapes: H height, W width, C channels. Inputs are uint8 [H, W, C]; outputs of
-`normalize` are float32 [H, W, C] with values (x / 255 - mean) / std.
+Shapes: B batch, H height, W width, C channels. Inputs are uint8 [H, W, C] (one image)
+or [B, H, W, C] (`augment_batch`); outputs of `normalize` are float32 of the same shape
+with values (x / 255 - mean) / std.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def channel_stats(images: Iterable[np.ndarray]) -> tuple[tuple[float, ...], tupl
 
 
 def normalize(image: np.ndarray, mean: Sequence[float], std: Sequence[float]) -> np.ndarray:
-  """uint8 [H, W, C] -> float32 [H, W, C], (x / 255 - mean) / std per channel."""
+  """uint8 [..., C] -> float32 [..., C], (x / 255 - mean) / std per channel."""
   x = np.asarray(image, np.float32) / 255.0
   return (x - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
 
@@ -70,3 +71,22 @@ def augment(
   if flip:
     image = random_flip(image, rng)
   return np.ascontiguousarray(image)
+
+
+def augment_batch(
+  batch: np.ndarray, rng: np.random.Generator, crop_padding: int, flip: bool
+) -> np.ndarray:
+  """`augment` on each image of uint8 [B, H, W, C] at once: a random crop of the zero-padded
+  image (an offset per image) then a left-right flip with probability 1/2 (per image)."""
+  b, h, w, _ = batch.shape
+  if crop_padding > 0:
+    p = crop_padding
+    padded = np.pad(batch, ((0, 0), (p, p), (p, p), (0, 0)))  # [B, H+2p, W+2p, C]
+    top, left = rng.integers(0, 2 * p + 1, size=(2, b))
+    rows = top[:, None] + np.arange(h)  # [B, H]
+    cols = left[:, None] + np.arange(w)  # [B, W]
+    batch = padded[np.arange(b)[:, None, None], rows[:, :, None], cols[:, None, :]]
+  if flip:
+    mirrored = rng.random(b) < 0.5  # [B]
+    batch = np.where(mirrored[:, None, None, None], batch[:, :, ::-1], batch)
+  return np.ascontiguousarray(batch)
