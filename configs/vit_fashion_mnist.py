@@ -1,16 +1,25 @@
 """A small ViT on Fashion-MNIST (shipped IDX files), trained from scratch on a CPU.
 
-4x4 patches of the 28x28 images (49 tokens), four pre-LN blocks of width 64, 2-D sin-cos
+4x4 patches of the 28x28 images (49 tokens), four pre-LN blocks of width 128, 2-D sin-cos
 positions, global average pooling (Beyer et al. 2022, "Better plain ViT baselines"),
 left-right flips; AdamW with warmup and cosine decay. Evaluated on the 10,000 test images.
 
   python train.py --config configs/vit_fashion_mnist.py --workdir runs/vit_fashion_mnist
 
-Result (2-core CPU shared with other jobs, load average ~5): 3,500 steps (7.5 epochs) in
-994 s wall (522 s user + 322 s system CPU), test accuracy 88.56% (loss 0.319); 79.9%,
-82.0%, 82.6%, 85.8%, 87.7%, 88.3% at steps 500..3000. Short of the 91% target: the
-curve is still rising as the learning rate decays, so the target needs more epochs
-than 20 CPU-minutes buy here (e.g. 6 blocks and ~15 epochs: about 50 minutes).
+Result (2-core AMD EPYC, AVX-512, load average 1.4 at the start and 2.0 at the end):
+7,000 steps (15 epochs) in 992 s wall (1,659 s user + 45 s system CPU), test accuracy
+89.63% (loss 0.286); 82.5%, 87.4%, 89.2% at steps 1,750, 3,500 and 5,250. Short of the
+92% target. What was measured on the way, each a full run on this machine:
+- width 64 (3,500 steps, 7.5 epochs, the earlier recipe): 88.56% in 994 s at load ~5;
+- width 128 with random crops (2-pixel padding) and label smoothing 0.1, otherwise this
+  recipe: 89.63% as well, in 1,029 s. There the training loss stayed at the test loss
+  (underfitting, 0.70 vs 0.72 with smoothing); here it falls below it by the end (about
+  0.2 vs 0.286), so the model is near what it can fit in 15 epochs;
+- 2x2 patches (196 tokens) at width 64 run at 214 images/s against 900 here: under
+  two epochs in 20 minutes.
+The step is 0.14 s (about 150 GFLOP/s of the 169.5 MFLOP per image counted); the images
+are held in memory and augmented a batch at a time (data/pipeline.py), so the host adds
+little. Reaching 92% with a plain ViT needs more epochs than 20 CPU-minutes buy here.
 """
 
 from transformer.data.image_builders import FASHION_MNIST_LABELS
@@ -25,10 +34,10 @@ def get_config(arg=None):
   m.image_size = 28  # 28 x 28 pixels
   m.num_channels = 1  # greyscale
   m.patch_size = 4  # 4 x 4 patches: 49 tokens
-  m.d_model = 64  # width
+  m.d_model = 128  # width
   m.num_heads = 4  # attention heads
   m.num_layers = 4  # blocks
-  m.d_ff = 128  # 2 * d_model
+  m.d_ff = 256  # 2 * d_model
   m.max_len = 49  # image tokens (validated against the patch grid)
   m.position = "sinusoidal"  # fixed 2-D sin-cos over the patch grid
   m.pooling = "mean"  # global average pooling (no [CLS] token)
@@ -45,23 +54,23 @@ def get_config(arg=None):
   d.eval_split = "test"  # the 10,000 test images
   d.validation_fraction = 0.0  # no validation split: train on all 60,000
   d.test_fraction = 0.0  # (the test split is fixed by the files)
-  d.crop_padding = 0  # no random crops: a few epochs do not overfit, crops slow learning
+  d.crop_padding = 0  # no random crops: with them the model underfits in 15 epochs
   d.horizontal_flip = True  # random left-right flips (clothes are symmetric enough)
   d.eval_batch_size = 500  # images per evaluation batch
-  config.label_smoothing = 0.0  # none (short run)
+  config.label_smoothing = 0.0  # none (it did not help in 15 epochs)
   config.optimizer.b2 = 0.99  # AdamW beta2
   config.optimizer.weight_decay = 0.05  # decoupled weight decay
   config.optimizer.clip_norm = 1.0  # global-norm clipping
   config.schedule.kind = "cosine"  # warmup then cosine decay
   config.schedule.learning_rate = 2e-3  # peak learning rate
   config.schedule.final_fraction = 0.0  # decay to 0
-  config.schedule.warmup_steps = 200  # linear warmup
-  config.num_train_steps = 3500  # updates (7.5 epochs)
+  config.schedule.warmup_steps = 300  # linear warmup
+  config.num_train_steps = 7000  # updates (15 epochs)
   config.batch_size = 128  # images per update
-  config.log_every = 200  # console / TensorBoard interval
-  config.eval_every = 500  # test-accuracy interval
+  config.log_every = 500  # console / TensorBoard interval
+  config.eval_every = 1750  # test-accuracy interval
   config.eval_batches = 0  # the whole test split
-  config.checkpoint_every = 500  # checkpoint interval
+  config.checkpoint_every = 1750  # checkpoint interval
   config.best_metric = "accuracy"  # keep the most accurate checkpoint
   config.best_mode = "max"  # higher is better
   return config

@@ -15,11 +15,11 @@ the end), so no key is added to the batches and the compiled steps see the same 
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from collections.abc import Iterator
 
 import grain
+import jax
 
 from transformer.data import features, pipeline, sources
 from transformer.data.config import DataConfig
@@ -161,14 +161,12 @@ class SequenceToSequence(Task):
       return {}
     beam = extras.bleu_beam_size
     result = seq2seq_bleu(run, "beam" if beam > 1 else "greedy", max(beam, 1))
-    logging.info(
-      "step %d: BLEU %.2f on %s (%s; sacrebleu %s)",
-      done,
-      result["bleu"],
-      run.info.config.eval_split,
-      result["bleu_method"],
-      result["bleu_signature"],
-    )
+    if jax.process_index() == 0:  # the console line, with what a reader needs to compare
+      print(
+        f"BLEU @ step {done} | {result['bleu']:.2f} on {run.info.config.eval_split} "
+        f"({result['bleu_method']}; sacrebleu {result['bleu_signature']})",
+        flush=True,
+      )
     return {"bleu": result["bleu"]}
 
   def evaluate(self, run: Run, options: EvalOptions) -> dict:
