@@ -29,6 +29,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer.machine import cpu_isa
 from transformer.nn.config import ModelConfig
 from transformer.nn.kernels import dot_product_attention
 from transformer.nn.masks import MaskInfo
@@ -38,7 +39,6 @@ GiB = 1024**3
 MiB = 1024**2
 POSITIONS = ("none", "alibi", "relative_t5", "relative_shaw")
 T5_BUCKETS, T5_MAX_DISTANCE, SHAW_MAX_DISTANCE = 32, 128, 16  # T5's defaults; Shaw's k
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 
 
 def parse_args() -> argparse.Namespace:
@@ -54,19 +54,6 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
   p.add_argument("--memory-only", action="store_true", help="compile only; no timed calls")
   return p.parse_args()
-
-
-def cpu_isa() -> str:
-  """The CPU model and its vector extensions, from /proc/cpuinfo ('unknown' elsewhere)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      lines = f.read().splitlines()
-  except OSError:
-    return "unknown CPU"
-  model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-  flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-  simd = [f for f in SIMD_FLAGS if f in flags]
-  return f"{model or 'unknown CPU'}; ISA: {' '.join(simd) or 'no SIMD flags listed'}"
 
 
 class _PositionBias(nn.Module):

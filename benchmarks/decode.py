@@ -46,11 +46,10 @@ import numpy as np
 from transformer import decode
 from transformer.data.tokenizers import NUM_SPECIAL, PAD_ID
 from transformer.decode.cache import Start
+from transformer.machine import cpu_isa
 from transformer.nn import cache_attention
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import DecoderLM, EncoderDecoder
-
-SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16")
 
 
 def parse_args() -> argparse.Namespace:
@@ -76,19 +75,6 @@ def parse_args() -> argparse.Namespace:
   p.add_argument("--beam", type=int, default=4)
   p.add_argument("--dtype", default="float32")
   return p.parse_args()
-
-
-def cpu_isa() -> str:
-  """The CPU model and its vector extensions, from /proc/cpuinfo ('unknown' elsewhere)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      lines = f.read().splitlines()
-  except OSError:
-    return "unknown CPU"
-  model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-  flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-  simd = [f for f in SIMD_FLAGS if f in flags]
-  return f"{model or 'unknown CPU'}; ISA: {' '.join(simd) or 'no SIMD flags listed'}"
 
 
 def alternate(fns: dict, rounds: int) -> dict:

@@ -48,11 +48,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from decode import alternate, cpu_isa  # noqa: E402  (benchmarks/ is on sys.path)
+from decode import alternate  # noqa: E402  (benchmarks/ is on sys.path)
 
 from transformer import convert  # noqa: E402
 from transformer import decode as dec  # noqa: E402
 from transformer.data.tokenizers import NUM_SPECIAL, PAD_ID  # noqa: E402
+from transformer.machine import cpu_isa  # noqa: E402
 from transformer.nn.models import build_model  # noqa: E402
 
 MODES = ("greedy", "top-k")

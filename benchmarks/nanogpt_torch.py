@@ -84,24 +84,10 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
+from transformer.machine import cpu_isa  # noqa: E402
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = os.path.join(REPO, "data", "tinyshakespeare.txt.gz")
-SIMD_FLAGS = (
-  "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile",
-)  # fmt: skip
-
-
-def cpu_isa() -> str:
-  """The CPU model and its vector extensions, from /proc/cpuinfo ('unknown' elsewhere)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      lines = f.read().splitlines()
-  except OSError:
-    return "unknown CPU"
-  model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-  flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-  simd = [f for f in SIMD_FLAGS if f in flags]
-  return f"{model or 'unknown CPU'}; ISA: {' '.join(simd) or 'no SIMD flags listed'}"
 
 
 # ----------------------------------------------------------------------------- data

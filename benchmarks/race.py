@@ -54,29 +54,15 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 
+from transformer.machine import cpu_isa
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SIMD_FLAGS = (
-  "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile",
-)  # fmt: skip
 EVAL_SPLIT = "eval"  # the split of our evaluation lines in metrics.jsonl
 POLL_S = 0.1
 QUICK = dict(
   max_iters=20, eval_interval=10, eval_iters=2, our_steps=20, our_eval_every=10, warmup=5
 )
 THEIRS, OURS = "theirs (nanoGPT, PyTorch)", "ours (train.py, JAX)"
-
-
-def cpu_isa() -> str:
-  """The CPU model and its vector extensions, from /proc/cpuinfo ('unknown' elsewhere)."""
-  try:
-    with open("/proc/cpuinfo") as f:
-      lines = f.read().splitlines()
-  except OSError:
-    return "unknown CPU"
-  model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-  flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-  simd = [f for f in SIMD_FLAGS if f in flags]
-  return f"{model or 'unknown CPU'}; ISA: {' '.join(simd) or 'no SIMD flags listed'}"
 
 
 def load_average() -> str:

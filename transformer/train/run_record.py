@@ -60,12 +60,9 @@ from typing import Any
 from etils import epath
 
 from transformer.data.files import is_remote, write_atomic
+from transformer.machine import ISA_FLAGS, cpu_info, load_average  # noqa: F401  (ISA_FLAGS: re-export)
 
 RUNS_NAME = "runs.jsonl"
-# The vector extensions worth knowing when comparing CPU timings (/proc/cpuinfo names).
-ISA_FLAGS = (
-  "sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile",
-)  # fmt: skip
 _IMPORTED_AT = time.time()  # the start-time fallback where /proc is unavailable
 
 
@@ -87,32 +84,6 @@ def process_start_time() -> tuple[float, str]:
   except (OSError, ValueError, IndexError):
     pass
   return _IMPORTED_AT, "import of transformer.train.run_record"
-
-
-def cpu_info() -> dict[str, Any]:
-  """The CPU's model name, which of `ISA_FLAGS` it has (from /proc/cpuinfo; empty where
-  there is none) and how many CPUs this process may run on."""
-  model, flags = "", []
-  try:
-    with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-      lines = f.read().splitlines()
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
-  except OSError:
-    pass
-  try:
-    count = len(os.sched_getaffinity(0))
-  except (AttributeError, OSError):
-    count = os.cpu_count()
-  return {"cpu_model": model, "isa": [f for f in ISA_FLAGS if f in flags], "cpu_count": count}
-
-
-def load_average() -> list[float] | None:
-  """The 1, 5 and 15 minute load averages (None where the system has none)."""
-  try:
-    return [round(x, 2) for x in os.getloadavg()]
-  except (AttributeError, OSError):
-    return None
 
 
 def command_line(argv: Sequence[str], cwd: str | None = None) -> str:
