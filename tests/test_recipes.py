@@ -50,7 +50,7 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "vit_fashion_mnist_tfds": ((None,), {}, _FASHION_VIT),  # fashion_mnist (TFDS)
   "mlm_bible": ((None,), {}, {}),
   "classify_testament": ((None,), {}, {}),  # fine-tuned from the mlm_bible run
-  "translate_en_es": ((None,), {}, {}),
+  "translate_en_es": ((None, "long"), {}, {}),
   "vit_fashion_mnist": ((None,), {}, _FASHION_VIT),
   "vit_digits": ((None,), {}, _DIGITS_VIT),
   "t5_span_corruption": ((None,), {}, {}),
