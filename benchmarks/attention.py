@@ -29,11 +29,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer.machine import cpu_isa
 from transformer.nn.config import ModelConfig
 from transformer.nn.kernels import dot_product_attention
 from transformer.nn.masks import MaskInfo
 from transformer.nn.positions import position_for
+from transformer.train.machine import cpu_isa
 
 GiB = 1024**3
 MiB = 1024**2

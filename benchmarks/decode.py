@@ -46,10 +46,10 @@ import numpy as np
 from transformer import decode
 from transformer.data.tokenizers import NUM_SPECIAL, PAD_ID
 from transformer.decode.cache import Start
-from transformer.machine import cpu_isa
 from transformer.nn import cache_attention
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import DecoderLM, EncoderDecoder
+from transformer.train.machine import cpu_isa
 
 
 def parse_args() -> argparse.Namespace:

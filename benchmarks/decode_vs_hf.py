@@ -53,8 +53,8 @@ from decode import alternate  # noqa: E402  (benchmarks/ is on sys.path)
 from transformer import convert  # noqa: E402
 from transformer import decode as dec  # noqa: E402
 from transformer.data.tokenizers import NUM_SPECIAL, PAD_ID  # noqa: E402
-from transformer.machine import cpu_isa  # noqa: E402
 from transformer.nn.models import build_model  # noqa: E402
+from transformer.train.machine import cpu_isa  # noqa: E402
 
 MODES = ("greedy", "top-k")
 

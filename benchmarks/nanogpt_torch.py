@@ -84,7 +84,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-from transformer.machine import cpu_isa  # noqa: E402
+from transformer.train.machine import cpu_isa  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TEXT = os.path.join(REPO, "data", "tinyshakespeare.txt.gz")

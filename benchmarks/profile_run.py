@@ -34,7 +34,7 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 
 from transformer import process_settings  # noqa: E402
-from transformer.machine import cpu_isa  # noqa: E402
+from transformer.train.machine import cpu_isa  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 from importlib import metadata
 
-from transformer.machine import cpu_isa
+from transformer.train.machine import cpu_isa
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EVAL_SPLIT = "eval"  # the split of our evaluation lines in metrics.jsonl

@@ -60,7 +60,7 @@ from typing import Any
 from etils import epath
 
 from transformer.data.files import is_remote, write_atomic
-from transformer.machine import ISA_FLAGS, cpu_info, load_average  # noqa: F401  (ISA_FLAGS: re-export)
+from transformer.train.machine import ISA_FLAGS, cpu_info, load_average  # noqa: F401  (ISA_FLAGS: re-export)
 
 RUNS_NAME = "runs.jsonl"
 _IMPORTED_AT = time.time()  # the start-time fallback where /proc is unavailable
