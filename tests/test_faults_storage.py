@@ -92,15 +92,17 @@ def test_storage_outage_mid_save_is_retried_or_never_loaded(tmp_path, trained, c
 
 def _fill(folder: str) -> int:
   """Writes a ballast file into `folder` until the disk is full; returns its size."""
-  path, size, chunk = os.path.join(folder, "ballast"), 0, b"\0" * 65536
-  with open(path, "wb") as f:
-    try:
-      while True:
-        f.write(chunk)
-        f.flush()
-        size += len(chunk)
-    except OSError as e:
-      assert e.errno == errno.ENOSPC, e
+  # Unbuffered: a buffered file keeps the tail of a partial write and raises ENOSPC again
+  # when it is closed.
+  size, chunk = 0, b"\0" * 65536
+  fd = os.open(os.path.join(folder, "ballast"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+  try:
+    while True:
+      size += os.write(fd, chunk)  # a partial write when the disk is nearly full
+  except OSError as e:
+    assert e.errno == errno.ENOSPC, e
+  finally:
+    os.close(fd)
   return size
 
 
