@@ -54,6 +54,7 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "vit_fashion_mnist": ((None,), {}, _FASHION_VIT),
   "vit_digits": ((None,), {}, _DIGITS_VIT),
   "t5_span_corruption": ((None,), {}, {}),
+  "span_bible": ((None,), {}, {}),  # translate_en_es fine-tunes from it
   "prefix_lm_shakespeare": ((None,), {}, {}),
   "finetune_gpt2_shakespeare": ((TINY_GPT2,), {}, {}),  # hf: a tiny random GPT-2 directory
   "finetune_bert_testament": ((TINY_BERT,), {}, {}),  # hf: BertForMaskedLM
@@ -159,8 +160,17 @@ def mlm_workdir(tmp_path_factory):
   return workdir
 
 
+@pytest.fixture(scope="module")
+def span_workdir(tmp_path_factory):
+  """The two-step span_bible run that translate_en_es fine-tunes from."""
+  workdir = str(tmp_path_factory.mktemp("span_bible"))
+  metrics = train_lib.train_and_evaluate(tiny("span_bible"), workdir)
+  assert math.isfinite(metrics["loss"])
+  return workdir
+
+
 @pytest.mark.parametrize(
-  "stem", sorted(set(RECIPES) - {"mlm_bible", "classify_testament", *TFDS_CONFIGS})
+  "stem", sorted(set(RECIPES) - {"mlm_bible", "classify_testament", "span_bible", *TFDS_CONFIGS})
 )
 def test_config_trains_two_steps(stem, tmp_path):
   metrics = train_lib.train_and_evaluate(tiny(stem), str(tmp_path))
@@ -182,6 +192,18 @@ def test_classify_testament_fine_tunes_from_mlm_bible(mlm_workdir, tmp_path, cap
   assert len(logged) == 1, logged
   copied, total = map(int, re.search(r": (\d+) of (\d+) tensors copied", logged[0]).groups())
   assert copied == total - 4, logged  # all but the new pooler and classifier kernels / biases
+
+
+def test_translate_en_es_fine_tunes_from_span_bible(span_workdir, tmp_path, caplog):
+  config = tiny("translate_en_es", init_from=span_workdir)
+  config.data.tokenizer_from = span_workdir
+  with caplog.at_level("INFO"):
+    metrics = train_lib.train_and_evaluate(config, str(tmp_path))
+  assert math.isfinite(metrics["loss"])
+  logged = [r.getMessage() for r in caplog.records if "init_from" in r.getMessage()]
+  copied, total = map(int, re.search(r": (\d+) of (\d+) tensors copied", logged[-1]).groups())
+  assert copied == total, logged  # every tensor, the embedding too (without its sentinels)
+  assert any("shared_embed/embedding keeps the first 200 ids" in line for line in logged), logged
 
 
 def test_tokenizer_from_finds_the_file_or_names_what_is_there(tmp_path):

@@ -80,7 +80,9 @@ class DataConfig:
   tokenizer_train_examples: int = 300_000  # records (evenly spaced) the tokenizer is trained on
   tokenizer_from: str = ""  # workdir / tokenizer file to reuse instead of training; '' = train
   target_seq_len: int | None = None  # seq2seq target length T; None = seq_len (inputs length S)
-  windows: bool | None = None  # lm/mlm from a token stream; None = True for source 'text'
+  # lm/mlm/span_corruption from a token stream (source 'pairs': every source-column text,
+  # then every target-column one, one per line); None = True for source 'text'
+  windows: bool | None = None
   packing: bool = True  # pack examples into rows (lm without windows, mlm, seq2seq training)
   mask_rate: float = 0.15  # mlm: fraction of tokens predicted (80% MASK, 10% random, 10% kept)
   whole_word_masking: bool = False  # mlm: select whole words

@@ -120,9 +120,10 @@ def make_datasets(
         "task reads the training split as one token stream (windows); use 0"
       )
     splits.train = training_subset(splits.train, cfg.train_examples, seed, splits.name)
-  if windows:
+  if windows:  # sentence pairs: both columns, one sentence per line
+    keys, sep = (splits.text_keys, "\n") if cfg.source == "pairs" else (c.text_key, "")
     c.streams = {
-      s: pipeline.token_stream(src, c.tok, c.text_key)
+      s: pipeline.token_stream(src, c.tok, keys, sep)
       for s, src in (("train", splits.train), ("eval", splits.eval))
     }
   train_ds, eval_ds = spec.build(c, True, per_host), spec.build(c, False, eval_per_host)

@@ -139,17 +139,27 @@ def eval_batches(
 
 
 def token_stream(
-  source: Sequence | np.ndarray, tokenizer: Tokenizer, text_key: str = "text"
+  source: Sequence | np.ndarray,
+  tokenizer: Tokenizer,
+  text_key: str | tuple[str, ...] = "text",
+  separator: str = "",
 ) -> np.ndarray:
   """The split's texts joined in source order and tokenized: int32 [N].
 
-  An integer array is taken to be a token stream already and returned as is.
+  Several `text_key`s: every record's first column, then every record's second, ... (a
+  table of sentence pairs becomes the text of one language, then of the other: no pair is
+  side by side). `separator` ends each text ('\n' for one sentence per record; text
+  chunks already end where the next one starts). An integer array is taken to be a token
+  stream already and returned as is.
   """
   if isinstance(source, np.ndarray):
     return source.astype(np.int32, copy=False)
-  records = features.read_records(source, range(len(source)))
-  text = "".join(features.text_of(record, text_key) for _, record in records)
-  return tokenizer.encode_array(text)
+  keys = (text_key,) if isinstance(text_key, str) else text_key
+  parts = []
+  for key in keys:
+    records = features.read_records(source, range(len(source)))
+    parts.extend(features.text_of(record, key) + separator for _, record in records)
+  return tokenizer.encode_array("".join(parts))
 
 
 def window_starts(tokens: np.ndarray, span: int, train: bool, name: str) -> grain.MapDataset:

@@ -63,6 +63,8 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.train.machine import cpu_info, load_average
+
 CLASSIFIER = "configs/classify_testament.py"
 PRETRAINING = "configs/mlm_bible.py"
 BATCH_SIZE = 32  # the classify_testament recipe's
@@ -135,7 +137,7 @@ def run_overrides(
   return [f"--config.{k}={v}" for k, v in flags.items()]
 
 
-def _train(config: str, workdir: Path, overrides: list[str]) -> tuple[float, float]:
+def train_process(config: str, workdir: Path, overrides: list[str]) -> tuple[float, float]:
   """One training process; output to `workdir/train.log`. Returns (wall, CPU) seconds."""
   workdir.mkdir(parents=True, exist_ok=True)
   command = [sys.executable, "-m", "transformer.train_main", f"--config={config}"]
@@ -160,16 +162,16 @@ def has_checkpoint(workdir: Path) -> bool:
   return folder.is_dir() and any(p.name.isdigit() for p in folder.iterdir())
 
 
-def pretrain(workdir: Path, steps: int = 0) -> Path:
-  """`workdir` as it is if it holds a finished (or foreign) run, else trains mlm_bible there
-  (`steps` updates; 0 = the recipe's 1,000)."""
+def pretrain(workdir: Path, steps: int = 0, config: str = PRETRAINING) -> Path:
+  """`workdir` as it is if it holds a finished (or foreign) run, else trains `config`
+  (mlm_bible) there (`steps` updates; 0 = the recipe's)."""
   started_here = (workdir / "train.log").exists() and not (workdir / "done").exists()
   if has_checkpoint(workdir) and not started_here:
-    print(f"pretrained encoder: {workdir} (used as it is)", flush=True)
+    print(f"pretrained model: {workdir} (used as it is)", flush=True)
     return workdir
-  print(f"pretraining {PRETRAINING} in {workdir} ...", flush=True)
+  print(f"pretraining {config} in {workdir} ...", flush=True)
   overrides = [f"--config.num_train_steps={steps}"] if steps else []
-  wall, cpu = _train(PRETRAINING, workdir, overrides)
+  wall, cpu = train_process(config, workdir, overrides)
   (workdir / "done").write_text(json.dumps({"seconds": wall, "cpu_seconds": cpu}) + "\n")
   print(f"pretraining done in {wall:.0f} s ({cpu:.0f} s CPU)", flush=True)
   return workdir
@@ -208,7 +210,7 @@ def classify(
       )
     fields["curve"] = tuple(tuple(p) for p in fields["curve"])
     return Result(**(fields | measured))
-  wall, cpu = _train(CLASSIFIER, run_dir, overrides)
+  wall, cpu = train_process(CLASSIFIER, run_dir, overrides)
   evals = read_evaluations(run_dir)
   if not evals or evals[-1]["step"] != settings.steps:
     raise RuntimeError(f"{run_dir}: no evaluation at the final step {settings.steps}")
@@ -301,27 +303,13 @@ def search_markdown(searched: dict) -> str:
 
 def machine() -> dict:
   """CPU model, core count, vector ISA flags and the 1 / 5 / 15-minute load averages."""
-  model, flags = "", set()
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      key, _, value = line.partition(":")
-      if key.strip() == "model name" and not model:
-        model = value.strip()
-      elif key.strip() == "flags" and not flags:
-        flags = set(value.split())
-  except OSError:
-    pass
-  isa = [
-    f
-    for f in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "amx_tile")
-    if f in flags
-  ]
-  load = os.getloadavg() if hasattr(os, "getloadavg") else ()
+  info = cpu_info()
+  cpu = info["cpu_model"] or platform.processor()
   return {
-    "cpu": model or platform.processor(),
-    "cores": os.cpu_count(),
-    "isa": isa,
-    "load_average": list(load),
+    "cpu": cpu,
+    "cores": info["cpu_count"],
+    "isa": info["isa"],
+    "load_average": load_average(),
   }
 
 

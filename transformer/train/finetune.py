@@ -36,6 +36,7 @@ from transformer.data.datasets import DataInfo
 from transformer.data.files import write_atomic
 from transformer.data.tokenizers import tokenizer_filename
 from transformer.nn import tree
+from transformer.tasks import TASKS
 from transformer.train import checkpoints
 from transformer.train.experiment import PRETRAINED_RECORD, Experiment, hf_dir
 
@@ -86,7 +87,9 @@ def _load_pretrained(init_from: str) -> tuple[int, Any]:
     raise ValueError(f"config.init_from={init_from!r}: {e}") from None
 
 
-def _restore_run(path: str) -> Any:
+def _restore_run(path: str) -> tuple[int, Any]:
+  """(the ids its task added above the tokenizer's, e.g. span corruption's sentinels; the
+  parameters of its latest checkpoint) of another run of this project."""
   root = epath.Path(path if "://" in path else os.path.abspath(path))  # orbax: absolute paths
   inner = root / "checkpoints"
   ckpt_dir = inner if inner.is_dir() else root
@@ -94,7 +97,23 @@ def _restore_run(path: str) -> Any:
     step = mgr.latest_step()
     if step is None:
       raise ValueError(f"config.init_from={path!r}: no checkpoint found in {ckpt_dir}")
-    return mgr.restore_numpy(step)["params"]
+    params = mgr.restore_numpy(step)["params"]
+  recorded = ckpt_dir.parent / "config.json"  # the run's config (checkpoints.write_config)
+  kind = json.loads(recorded.read_text()).get("data", {}).get("kind") if recorded.exists() else None
+  return (TASKS[kind].extra_vocab if kind in TASKS else 0), params
+
+
+def _task_rows(src: Any, leaf: Any, vocab_size: int, extra: int) -> tuple[slice, ...] | None:
+  """A token table of a run whose task added `extra` ids above the tokenizer's: the
+  slices that keep this model's `vocab_size` ids, where the shapes differ only on axes of
+  the source's vocabulary (`vocab_size + extra`) against this one's; else None."""
+  if not (extra and vocab_size) or src.ndim != leaf.ndim:
+    return None
+  differ = [a for a in range(src.ndim) if src.shape[a] != leaf.shape[a]]
+  sizes = (vocab_size + extra, vocab_size)
+  if not differ or any((src.shape[a], leaf.shape[a]) != sizes for a in differ):
+    return None
+  return tuple(slice(0, leaf.shape[a]) for a in range(src.ndim))
 
 
 def _learned_positions(key: str, src: Any, leaf: Any) -> bool:
@@ -113,16 +132,22 @@ def _other_classes(src: Any, leaf: Any, classes: int) -> bool:
   return bool(differ) and all(src.shape[a] == classes for a in differ)
 
 
-def load_init_from(path: str, params: Any) -> Any:
+def load_init_from(path: str, params: Any, vocab_size: int = 0) -> Any:
   """Copies the parameters of another run whose paths and shapes match (fine-tuning).
 
   From an `hf:` directory or `bv:` file (whose config the model has) a tensor at the same
   path with another shape is an error, except a learned position table longer than
   `max_len` (its first rows are taken) and a head for another number of classes (it keeps
-  its initial values).
+  its initial values). From a run whose task added ids above the tokenizer's (span
+  corruption's 100 sentinels) into a model of `vocab_size` (this run's vocabulary), the
+  token tables keep their first `vocab_size` ids: the tokenizer's, which mean the same in
+  both runs (`check_init_tokenizer`); the sentinels are dropped.
   """
   pretrained = sources.find(path) is not None
-  classes, source = _load_pretrained(path) if pretrained else (0, _restore_run(path))
+  classes, source = _load_pretrained(path) if pretrained else (0, None)
+  extra = 0
+  if not pretrained:
+    extra, source = _restore_run(path)
   flat_src = {tree.path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
   copied = []
 
@@ -133,6 +158,10 @@ def load_init_from(path: str, params: Any) -> Any:
       return leaf
     if pretrained and _learned_positions(key, src, leaf):
       src = src[: leaf.shape[0]]  # max_len below the checkpoint's positions
+    rows = None if pretrained else _task_rows(src, leaf, vocab_size, extra)
+    if rows is not None:
+      logging.info("init_from %s: %s keeps the first %d ids", path, key, vocab_size)
+      src = src[rows]  # the tokenizer's ids; the task's extra ids (sentinels) are dropped
     if tuple(src.shape) == tuple(leaf.shape):
       copied.append(key)
       return jnp.asarray(src, leaf.dtype)

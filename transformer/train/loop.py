@@ -196,7 +196,8 @@ def _train(c: _Context) -> dict[str, float]:
       s.train_iter.set_state(data_state)
     print(f"resumed from step {restored.step} ({c.ckpt.directory})")
   elif loop.init_from:
-    state = state.replace(params=finetune.load_init_from(loop.init_from, state.params))
+    params = finetune.load_init_from(loop.init_from, state.params, s.model_cfg.vocab_size)
+    state = state.replace(params=params)
     state = state.replace(opt_state=s.tx.init(state.params))
     if c.exp.ema.enabled:  # the EMA starts from the loaded weights
       state = state.replace(ema_params=copy_params(state.params))
