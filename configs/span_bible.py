@@ -9,11 +9,11 @@ the token stream is every English training verse, then every Spanish one, one pe
 so no window holds a verse next to its translation. Only the training split is read for
 training (the translation test verses are never seen); validation uses its own split.
 
-  python train.py --config configs/span_bible.py --workdir runs/span_bible
+  python train.py --config configs/span_bible.py --workdir runs/span_transfer/span_bible
 
-A translation run starts from it with `--config.init_from=runs/span_bible
---config.data.tokenizer_from=runs/span_bible`: every tensor is copied, the token
-embedding without its 100 sentinel rows. `python -m transformer.research.span_transfer`
+A translation run starts from it with `--config.init_from=DIR
+--config.data.tokenizer_from=DIR`: every tensor is copied, the token embedding without
+its 100 sentinel rows. `python -m transformer.research.span_transfer`
 compares that with training from scratch on 10% of the pairs (docs/RESEARCH.md).
 """
 

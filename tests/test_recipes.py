@@ -170,7 +170,11 @@ def span_workdir(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-  "stem", sorted(set(RECIPES) - {"mlm_bible", "classify_testament", "span_bible", *TFDS_CONFIGS})
+  "stem",
+  sorted(
+    set(RECIPES)
+    - {"mlm_bible", "classify_testament", "span_bible", "translate_en_es", *TFDS_CONFIGS}
+  ),
 )
 def test_config_trains_two_steps(stem, tmp_path):
   metrics = train_lib.train_and_evaluate(tiny(stem), str(tmp_path))
@@ -195,6 +199,7 @@ def test_classify_testament_fine_tunes_from_mlm_bible(mlm_workdir, tmp_path, cap
 
 
 def test_translate_en_es_fine_tunes_from_span_bible(span_workdir, tmp_path, caplog):
+  """translate_en_es's two steps (from the span_bible run, its tokenizer and weights)."""
   config = tiny("translate_en_es", init_from=span_workdir)
   config.data.tokenizer_from = span_workdir
   with caplog.at_level("INFO"):
@@ -204,6 +209,7 @@ def test_translate_en_es_fine_tunes_from_span_bible(span_workdir, tmp_path, capl
   copied, total = map(int, re.search(r": (\d+) of (\d+) tensors copied", logged[-1]).groups())
   assert copied == total, logged  # every tensor, the embedding too (without its sentinels)
   assert any("shared_embed/embedding keeps the first 200 ids" in line for line in logged), logged
+  assert os.path.isdir(tmp_path / "checkpoints" / "2")
 
 
 def test_tokenizer_from_finds_the_file_or_names_what_is_there(tmp_path):
