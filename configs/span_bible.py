@@ -11,6 +11,11 @@ training (the translation test verses are never seen); validation uses its own s
 
   python train.py --config configs/span_bible.py --workdir runs/span_transfer/span_bible
 
+Result (2-core AMD EPYC, AVX-512; load 0.4 at the start, 2.2 at the end, shared with a few
+short test runs): 3,000 steps in 805 s wall (901 s user + 24 s system CPU); validation
+target loss 3.780 and token accuracy 32.3% (20 batches; 31.4% at step 1,000, 31.9% at
+2,000).
+
 A translation run starts from it with `--config.init_from=DIR
 --config.data.tokenizer_from=DIR`: every tensor is copied, the token embedding without
 its 100 sentinel rows. `python -m transformer.research.span_transfer`
