@@ -12,7 +12,8 @@ trains both arms on `data.train_examples=N` verses only:
 
   * pretraining: `--pretrained DIR` (default `WORKDIR/mlm_bible`) is used as it is when it
     holds a checkpoint; otherwise `configs/mlm_bible.py` is trained there first, once
-    (`--pretrain_steps` updates, default the recipe's 1,000; an interrupted pretraining,
+    (`--pretrain_steps` updates, default 6,000: the recipe's 1,000 are too few to show the
+    payoff, docs/RESEARCH.md; 0 = the recipe's; an interrupted pretraining,
     `train.log` without `done`, resumes on the next call).
   * fine-tuned arm: `--config.init_from=DIR --config.data.tokenizer_from=DIR`;
     from-scratch arm: `--config.data.tokenizer_from=DIR` only, so both read the verses in
@@ -446,7 +447,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
   parser.add_argument("--examples", type=int, nargs="+", default=[1000, 3000], help="labelled N")
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--pretrained", default="", help="mlm_bible workdir; '' = WORKDIR/mlm_bible")
-  parser.add_argument("--pretrain_steps", type=int, default=0, help="when pretraining: 0 = 1,000")
+  parser.add_argument(
+    "--pretrain_steps", type=int, default=6000, help="when pretraining; 0 = the recipe's 1,000"
+  )
   parser.add_argument("--steps", type=int, default=600, help="updates per run (both arms, any N)")
   parser.add_argument("--learning_rate", type=float, default=3e-4, help="peak (both arms)")
   parser.add_argument("--eval_every", type=int, default=150, help="accuracy curve interval")
