@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make train   -- builds .venv if missing, trains the default model (configs/lm_shakespeare.py)
 #   make test    -- builds .venv if missing, runs the whole test suite
+#   make test-isa -- the numerics-sensitive tests under XLA's AVX2 and SSE4_2 caps (scripts/test_isa.py)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ WORKDIR ?= runs/lm_shakespeare
 CONFIG ?= configs/lm_shakespeare.py
 PYTEST_ARGS ?=
 
-.PHONY: train test lint format lock clean-venv
+.PHONY: train test test-isa lint format lock clean-venv
 
 $(VENV)/.installed: pyproject.toml requirements-lock.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,7 +22,10 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
+
+test-isa: $(VENV)/.installed
+	$(PY) scripts/test_isa.py $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

@@ -1,8 +1,10 @@
-"""Shared test set-up: eight fake CPU devices, tiny configs, random parameters, jitted apply.
+"""Shared test set-up: eight fake CPU devices, a session compilation cache, tiny configs,
+random parameters, jitted apply.
 
-The XLA flags must be set before JAX starts, so they come first: eight devices, and the
-CPU vector width `train.py` sets (`process_settings`), so results computed here and in
-`train.py` subprocesses round identically (bit-exact resume tests compare them). Fixtures:
+The XLA flags and the cache must be set before JAX starts, so they come first
+(tests/session_env.py: eight devices, the CPU vector width `train.py` sets, so results
+computed here and in `train.py` subprocesses round identically, and any flag the caller
+gave, such as `make test-isa`'s ISA cap). Fixtures:
 
   tiny_config(family='decoder', **overrides) -> ModelConfig   a small valid config
   random_params(module, *args, seed=0, method=None, **kwargs) -> params
@@ -13,12 +15,9 @@ CPU vector width `train.py` sets (`process_settings`), so results computed here 
       `module.apply` compiled once with keyword arguments fixed.
 """
 
-import os
+import session_env
 
-if "XLA_FLAGS" not in os.environ:
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
-if "xla_cpu_prefer_vector_width" not in os.environ["XLA_FLAGS"]:
-  os.environ["XLA_FLAGS"] += " --xla_cpu_prefer_vector_width=512"  # as train.py on the CPU
+session_env.configure()
 
 import math  # noqa: E402
 from typing import Any  # noqa: E402
@@ -113,3 +112,7 @@ def random_params():
 @pytest.fixture
 def jit_apply():
   return make_jit_apply
+
+
+def pytest_unconfigure(config):
+  session_env.remove_cache()

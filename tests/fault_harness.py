@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from session_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO, "tests", "tiny_lm_config.py")
@@ -53,14 +54,11 @@ KILL_RUN = (
 
 
 def child_env(compile_cache: str | None = None, devices: int = 1) -> dict[str, str]:
-  """The environment of a training subprocess: unbuffered, `devices` CPU devices,
-  and a persistent compilation cache shared by the runs of one trial set."""
+  """The environment of a training subprocess: unbuffered, `devices` CPU devices (the
+  caller's other XLA flags kept), and a persistent compilation cache: `compile_cache`, or
+  the one the environment names (the test session's)."""
   env = dict(os.environ)
-  env.update(
-    PYTHONUNBUFFERED="1",
-    XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-    JAX_PLATFORMS="cpu",
-  )
+  env.update(PYTHONUNBUFFERED="1", XLA_FLAGS=xla_flags(devices), JAX_PLATFORMS="cpu")
   if compile_cache:
     env.update(
       JAX_COMPILATION_CACHE_DIR=compile_cache,

@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 
+from session_env import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_gpu_gpt2_benchmark_smoke():
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "benchmarks")])}
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+  env["XLA_FLAGS"] = xla_flags(1)
   out = subprocess.run(
     [sys.executable, os.path.join(REPO, "benchmarks", "gpu_gpt2.py"), "--smoke", "--rounds",
      "1", "--warmup", "0", "--modes", "eager"],

@@ -17,6 +17,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
+from session_env import xla_flags
 
 from transformer.nn.config import ModelConfig
 from transformer.train import checkpoints
@@ -202,7 +203,7 @@ def test_restore_sharded_over_8_devices_onto_4(tmp_path):
   )
   env = {
     **os.environ,
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "XLA_FLAGS": xla_flags(8),
     "JAX_PLATFORMS": "cpu",
   }
   result = subprocess.run(
@@ -465,7 +466,7 @@ def test_checksums_cover_every_shard_of_a_sharded_array(tmp_path):
   )
   env = {
     **os.environ,
-    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "XLA_FLAGS": xla_flags(8),
     "JAX_PLATFORMS": "cpu",
   }
   result = subprocess.run(

@@ -8,12 +8,14 @@ import os
 import subprocess
 import sys
 
+from session_env import xla_flags
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_decode_vs_hf_tiny():
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "benchmarks")])}
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
+  env["XLA_FLAGS"] = xla_flags(1)
   out = subprocess.run(
     [sys.executable, os.path.join(REPO, "benchmarks", "decode_vs_hf.py"), "--vocab", "128",
      "--layers", "2", "--d-model", "32", "--heads", "4", "--max-len", "64", "--prompt-len",

@@ -19,11 +19,6 @@ from fault_runs import train_flags
 from transformer.train import checkpoints
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("compile_cache"))
-
-
 def _array_files(step_dir):
   """The OCDBT data files of a checkpoint's state (where orbax puts the array chunks)."""
   files = glob.glob(f"{step_dir}/state/**/d/*", recursive=True)
@@ -50,7 +45,7 @@ def _alter_array_silently(ckpt: str, step: int, name: str) -> None:
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_truncated_and_silently_altered_checkpoints_fall_back_and_finish_bit_exact(
-  tmp_path, trained, compile_cache
+  tmp_path, trained
 ):
   workdir = str(tmp_path / "run")
   shutil.copytree(trained["workdir"], workdir)
@@ -61,7 +56,7 @@ def test_truncated_and_silently_altered_checkpoints_fall_back_and_finish_bit_exa
   _alter_array_silently(ckpt, 4, "params.decoder.final_norm.scale")
 
   # The same run again, through train.py (as many devices as this process has).
-  env = fh.child_env(compile_cache, devices=jax.device_count())
+  env = fh.child_env(devices=jax.device_count())
   rerun = fh.Run(fh.train_command(workdir, *train_flags(num_train_steps=6)), env)
   assert rerun.wait() == 0, rerun.output()[-3000:]
   out = rerun.output()

@@ -23,22 +23,16 @@ import fault_harness as fh
 import numpy as np
 import pytest
 
-
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("compile_cache"))
-
-
 # Kills, preemption and the workdir lock (train.py subprocesses).
 
 
 @pytest.fixture(scope="module")
-def reference_run(tmp_path_factory, compile_cache):
+def reference_run(tmp_path_factory):
   """An uninterrupted train.py run of the kill configuration: its final state and the
   length of its training phase after compilation."""
   workdir = str(tmp_path_factory.mktemp("reference") / "run")
   source = fh.source_fingerprint()
-  run = fh.Run(fh.train_command(workdir, *fh.KILL_RUN), fh.child_env(compile_cache))
+  run = fh.Run(fh.train_command(workdir, *fh.KILL_RUN), fh.child_env())
   assert run.wait() == 0, run.output()[-3000:]
   first_step = next(t for t, line in run.lines if line.startswith("step 1/"))
   _, end = fh.training_window(run)
@@ -56,13 +50,11 @@ def _owner(workdir):
 
 
 @pytest.mark.slow
-def test_kills_preemption_and_locks_then_resume_is_bit_exact(
-  tmp_path, reference_run, compile_cache
-):
+def test_kills_preemption_and_locks_then_resume_is_bit_exact(tmp_path, reference_run):
   """One workdir through: SIGKILL, SIGKILL, SIGTERM with a grace period too short to save,
   a second run refused while the first is stopped, SIGTERM that saves; the same command
   then finishes the run, whose train state equals the uninterrupted run's byte for byte."""
-  env = fh.child_env(compile_cache)
+  env = fh.child_env()
   workdir = str(tmp_path / "run")
   command = fh.train_command(workdir, *fh.KILL_RUN)
   rng = np.random.default_rng(2024)

@@ -115,8 +115,8 @@ def _next_phase(run: fh.Run, name: str, after: int, even: bool = False) -> int:
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-  return fh.child_env(str(tmp_path_factory.mktemp("compile_cache")))
+def env():
+  return fh.child_env()
 
 
 @pytest.fixture(scope="module")

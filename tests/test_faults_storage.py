@@ -31,11 +31,6 @@ from fault_runs import train_flags
 STEPS = train_flags(num_train_steps=6)  # checkpoints at 2, 4, 6: the `trained` run
 
 
-@pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-  return str(tmp_path_factory.mktemp("compile_cache"))
-
-
 def _objects(store: str, prefix: str) -> str:
   """Where the emulator keeps the objects under `prefix` (one file per object)."""
   return os.path.join(store, ".cloudstorage", fh.StorageEmulator.BUCKET, prefix)
@@ -53,12 +48,12 @@ def _gcs_steps(folder: str) -> dict[int, bool]:
 
 
 @pytest.mark.slow
-def test_storage_outage_mid_save_is_retried_or_never_loaded(tmp_path, trained, compile_cache):
+def test_storage_outage_mid_save_is_retried_or_never_loaded(tmp_path, trained):
   store = str(tmp_path / "store")
   emulator = fh.StorageEmulator(store)
   url = f"gs://{fh.StorageEmulator.BUCKET}/run"
   mid_write = r"uploadType=.*name=run/checkpoints/{}/state/"  # the 3rd array object of a step
-  env = dict(fh.child_env(compile_cache, devices=jax.device_count()))
+  env = dict(fh.child_env(devices=jax.device_count()))
   env.update(fh.storage_env(emulator.endpoint))
   env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
   try:
@@ -107,9 +102,7 @@ def _fill(folder: str) -> int:
 
 
 @pytest.mark.slow
-def test_disk_full_mid_save_stops_in_one_line_and_resumes_once_freed(
-  tmp_path, trained, compile_cache
-):
+def test_disk_full_mid_save_stops_in_one_line_and_resumes_once_freed(tmp_path, trained):
   why_not = fh.SmallDisk.available()
   if why_not:  # the kernel refuses unprivileged user namespaces (no fake: a real disk)
     pytest.skip(f"cannot mount a small disk here: {why_not}")
@@ -118,7 +111,7 @@ def test_disk_full_mid_save_stops_in_one_line_and_resumes_once_freed(
   disk = fh.SmallDisk(folder, "8m")
   try:
     release = str(tmp_path / "release")
-    env = fh.pause_env(fh.child_env(compile_cache, devices=jax.device_count()), "train 2", release)
+    env = fh.pause_env(fh.child_env(devices=jax.device_count()), "train 2", release)
     cmd = disk.wrap(fh.train_command(workdir, *STEPS, script=fh.PAUSABLE))
     run = fh.Run(cmd, env)
     run.wait_for(lambda line: line == "paused train 2", timeout=300)

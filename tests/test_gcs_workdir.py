@@ -139,8 +139,8 @@ def emulator():
       proc.wait()
 
 
-def _env(endpoint: str, cache: str) -> dict[str, str]:
-  env = child_env(cache)
+def _env(endpoint: str) -> dict[str, str]:
+  env = child_env()
   env.update(_storage_env(endpoint))
   env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
   return env
@@ -176,7 +176,7 @@ def test_gs_workdir_train_kill_resume_evaluate(emulator, tmp_path):
 
   from transformer.data import files  # noqa: F401  (fresh listings: other processes write)
 
-  env = _env(emulator, str(tmp_path / "compile_cache"))
+  env = _env(emulator)
   local = str(tmp_path / "local")
   ref = _run(_train(local), env)
   assert ref.returncode == 0, ref.stdout + ref.stderr
@@ -258,8 +258,8 @@ def test_unwritable_or_unreachable_gs_workdir_is_one_line(emulator, tmp_path):
   line naming the workdir and the storage error, before building anything."""
   traced = os.path.join(REPO, "tests", "traced_train.py")
   cmd = [sys.executable, traced, f"--config={TINY_CONFIG}"]
-  env = _env(emulator, str(tmp_path / "cache"))
-  dead = _env(f"http://127.0.0.1:{_free_port()}", str(tmp_path / "cache"))
+  env = _env(emulator)
+  dead = _env(f"http://127.0.0.1:{_free_port()}")
   runs = {  # the unreachable one retries for about half a minute: both run at once
     "missing bucket": (subprocess.Popen(
       [*cmd, "--workdir=gs://no-such-bucket/run"], env=env, cwd=REPO, text=True,

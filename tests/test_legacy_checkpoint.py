@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from session_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "legacy_lm_run")
@@ -27,7 +28,7 @@ LEGACY_STEP6_EVAL_LOSS = 4.499118089675903
 def test_checkpoint_from_before_the_refactor_resumes_and_trains_on(tmp_path):
   workdir = tmp_path / "run"
   shutil.copytree(FIXTURE, workdir)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
   cmd = [
     sys.executable,
     os.path.join(REPO, "train.py"),

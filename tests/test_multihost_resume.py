@@ -182,7 +182,7 @@ def prepared(tmp_path_factory):
         block = block[parent]
       block[leaf] = value
     sources.open_splits(experiment.validate(config).data, root / task)
-  return {"root": root, "data_dir": data_dir, "env": fh.child_env(str(root / "cache"))}
+  return {"root": root, "data_dir": data_dir, "env": fh.child_env()}
 
 
 @pytest.mark.slow

@@ -1,8 +1,11 @@
 """The kernels of `transformer.ops` against the plain library ops they replace.
 
-Dropout masks are bit-identical to flax's / `jax.random.bernoulli`'s. The dense layers'
-custom backward and the causal query blocks compute the same sums in another order, so
-gradients (and the blocks' outputs) agree to float32 rounding (1e-6), not bit for bit.
+Dropout masks are bit-identical to flax's / `jax.random.bernoulli`'s: the same Threefry
+program by construction. The dense layers (a 2-D matmul with a custom backward, against
+`nn.Dense`'s `dot_general`) and the causal query blocks compute the same sums as other
+programs, which XLA:CPU emits differently per instruction set (bit-identical forwards on an
+AVX-512 CPU, not on AVX2 or SSE4.2), so outputs and gradients agree to float32 rounding:
+1e-6 relative to the largest value of the model, not bit for bit.
 """
 
 import functools
@@ -20,7 +23,6 @@ from transformer.nn.models import build_model
 from transformer.ops import OPS, causal_blocks, dense, dropout, select
 
 TOL = dict(rtol=1e-5, atol=1e-5)
-ROUNDING = dict(rtol=1e-6, atol=1e-6)  # same sums, another order (see the module docstring)
 
 
 def _x(shape, seed=0):
@@ -115,8 +117,7 @@ FAMILIES = {
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_fast_and_plain_ops_train_the_same_model(name):
-  """Outputs bit-identical where no causal query blocks run (same dropout masks, same
-  forward products); gradients, and outputs through the query blocks, to rounding."""
+  """Same dropout masks, same sums: outputs and gradients agree to float32 rounding."""
   overrides, args = FAMILIES[name]
   results = {}
   for ops in OPS:
@@ -137,11 +138,13 @@ def test_fast_and_plain_ops_train_the_same_model(name):
       causal_blocks.causal_query_blocks(256, 256, MaskInfo.create(jnp.ones((1, 256)), causal=True))
       == 2
     )
-    np.testing.assert_allclose(y_fast, y_plain, **ROUNDING)
-  else:
-    np.testing.assert_array_equal(y_fast, y_plain)
-  # Rounding of a reordered sum scales with its terms, not with its (possibly cancelling)
-  # result, so the absolute tolerance is relative to the largest gradient of the model.
+  # Rounding of a sum computed by another program scales with its terms, not with its
+  # (possibly cancelling) result, so the absolute tolerance is relative to the largest value:
+  # a few float32 ulps (1.2e-7) of it. Measured: outputs differ by at most 2.8e-7 of the
+  # largest output under --xla_cpu_max_isa=AVX2 or SSE4_2 (3.5e-7 on an AVX2-only CPU),
+  # gradients by 2.1e-7 of the largest gradient; an AVX-512 CPU gives identical outputs.
+  y_scale = float(np.abs(y_plain).max())
+  np.testing.assert_allclose(y_fast, y_plain, rtol=1e-6, atol=1e-6 * y_scale)
   scale = max(float(np.abs(g).max()) for g in jax.tree.leaves(g_plain))
   for a, b in zip(jax.tree.leaves(g_fast), jax.tree.leaves(g_plain), strict=True):
     np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6 * scale)

@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import PartitionSpec as P
+from session_env import xla_flags
 
 from transformer import tasks
 from transformer.nn import partitioning
@@ -238,7 +239,7 @@ def test_two_processes_on_localhost_match_one_process(tmp_path):
       "--config.num_train_steps=4",
     ]
 
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
   single = subprocess.run(command(tmp_path / "one"), env=env, capture_output=True, text=True)
   assert single.returncode == 0, single.stderr[-2000:]
   procs = [

@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from session_env import xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(REPO, "benchmarks")
@@ -26,7 +27,7 @@ def _import_benchmark(name: str):
 
 @pytest.mark.slow
 def test_race_runs_both_sides_and_prints_finite_rows():
-  env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}  # batch 12
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1)}  # batch 12
   out = subprocess.run(
     [sys.executable, os.path.join(BENCHMARKS, "race.py"), "--quick", "--max-iters", "10",
      "--eval-interval", "5", "--our-steps", "10", "--our-eval-every", "5", "--target", "3.8",

@@ -143,9 +143,7 @@ def setting(tmp_path_factory):
   config.data.data_dir = data_dir
   sources.open_splits(experiment.validate(config).data, root / "prepare")
   env = {
-    k: v
-    for k, v in fh.child_env(str(root / "cache")).items()
-    if not k.startswith(FOREIGN) and k not in FOREIGN_NAMES
+    k: v for k, v in fh.child_env().items() if not k.startswith(FOREIGN) and k not in FOREIGN_NAMES
   }
   env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")  # `python`
   home = root / "home"  # a TPU worker's home, holding the checkout as `transformer`

@@ -22,6 +22,7 @@ import time
 
 import pytest
 from PIL import Image
+from session_env import xla_flags
 
 from transformer.research import sweep, tune_sweep
 
@@ -80,7 +81,7 @@ def _config(tmp_path, text=CONFIG, name="sweep_config.py"):
 def _env(tmp_path):
   env = dict(os.environ)
   env.update(
-    XLA_FLAGS="--xla_force_host_platform_device_count=1",  # one device per run
+    XLA_FLAGS=xla_flags(1),  # one device per run
     JAX_PLATFORMS="cpu",
     PYTHONUNBUFFERED="1",
     RAY_USAGE_STATS_ENABLED="0",

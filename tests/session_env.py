@@ -1,0 +1,63 @@
+"""The environment of every process of a test session, set before JAX starts.
+
+conftest.py calls `configure()` first thing, in the pytest process and in each xdist worker;
+every subprocess a test starts inherits the result (or takes it from `xla_flags`):
+
+- XLA_FLAGS: eight fake CPU devices, and the CPU vector width `train.py` sets
+  (`process_settings`), so in-process results round as `train.py` subprocesses do. Flags the
+  caller gave are kept, here and in every subprocess: `make test-isa` runs the suite with
+  `--xla_cpu_max_isa=AVX2` (or `SSE4_2`), and a subprocess that dropped the cap would test
+  another instruction set than the one asked for.
+- A persistent JAX compilation cache for the session (a temporary folder, removed at the
+  end; every program cached, however fast it compiled). Tests compile the same small
+  programs again and again: the tiny LM's train step alone in dozens of `train.py` runs. A
+  cached executable is the one XLA compiled, so results are bit for bit those of a fresh
+  compilation; JAX keys the cache on the program, the XLA flags, the backend and the
+  versions, so runs with other devices counts or ISA caps never share an entry.
+
+  xla_flags(devices) -> str   the session's XLA_FLAGS with `devices` CPU devices, for a
+                              subprocess (the caller's flags, an ISA cap among them, kept)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+DEVICES_FLAG = "--xla_force_host_platform_device_count"
+VECTOR_FLAG = "--xla_cpu_prefer_vector_width"
+CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
+_OWNED = "TESTS_JAX_CACHE_OWNER"  # set by the process that made the cache folder
+
+
+def _flags() -> list[str]:
+  return os.environ.get("XLA_FLAGS", "").split()
+
+
+def xla_flags(devices: int) -> str:
+  """XLA_FLAGS for a subprocess with `devices` fake CPU devices: the caller's own flags (an
+  ISA cap among them) and nothing else of the session's; train.py adds its vector width."""
+  kept = [f for f in _flags() if not f.startswith((DEVICES_FLAG, VECTOR_FLAG))]
+  return " ".join([f"{DEVICES_FLAG}={devices}", *kept])
+
+
+def configure() -> None:
+  """XLA_FLAGS and the compilation cache (see the module docstring); idempotent."""
+  flags = _flags()
+  if not any(f.startswith(DEVICES_FLAG) for f in flags):
+    flags.insert(0, f"{DEVICES_FLAG}=8")
+  if not any(f.startswith(VECTOR_FLAG) for f in flags):
+    flags.append(f"{VECTOR_FLAG}=512")  # as train.py on the CPU
+  os.environ["XLA_FLAGS"] = " ".join(flags)
+  if CACHE_VARIABLE not in os.environ:  # the first process; xdist workers inherit its folder
+    os.environ[CACHE_VARIABLE] = tempfile.mkdtemp(prefix="transformer-tests-jax-cache-")
+    os.environ[_OWNED] = str(os.getpid())
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+def remove_cache() -> None:
+  """Removes the session's cache folder, in the process that made it (not a user's own)."""
+  if os.environ.get(_OWNED) == str(os.getpid()):
+    shutil.rmtree(os.environ[CACHE_VARIABLE], ignore_errors=True)
