@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
-from session_env import xla_flags
+from session_env import PATIENCE_S, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_CONFIG = os.path.join(REPO, "tests", "tiny_lm_config.py")
@@ -145,7 +145,7 @@ class Run:
     with self._changed:
       self._changed.notify_all()
 
-  def wait_for(self, predicate: Callable[[str], bool], timeout: float = 300.0) -> float:
+  def wait_for(self, predicate: Callable[[str], bool], timeout: float = PATIENCE_S) -> float:
     """Blocks until an output line satisfies `predicate`; returns its time."""
     deadline = time.monotonic() + timeout
     seen = 0
@@ -176,7 +176,7 @@ class Run:
   def signal(self, sig: int) -> None:
     self.proc.send_signal(sig)
 
-  def wait(self, timeout: float = 600.0) -> int:
+  def wait(self, timeout: float = PATIENCE_S) -> int:
     code = self.proc.wait(timeout)
     self._reader.join(timeout)
     return code
@@ -412,7 +412,7 @@ def _pausing_phase(name: str, step: int) -> None:
   print(f"phase {name} {step}", file=sys.stderr, flush=True)
   if os.environ.get("FAULT_PAUSE_AT") == f"{name} {step}":
     print(f"paused {name} {step}", file=sys.stderr, flush=True)
-    release, deadline = os.environ["FAULT_PAUSE_RELEASE"], time.monotonic() + 300
+    release, deadline = os.environ["FAULT_PAUSE_RELEASE"], time.monotonic() + PATIENCE_S
     while not os.path.exists(release) and time.monotonic() < deadline:
       time.sleep(0.05)
 

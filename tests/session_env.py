@@ -17,6 +17,7 @@ every subprocess a test starts inherits the result (or takes it from `xla_flags`
 
   xla_flags(devices) -> str   the session's XLA_FLAGS with `devices` CPU devices, for a
                               subprocess (the caller's flags, an ISA cap among them, kept)
+  PATIENCE_S                  how long any test waits for a subprocess or a condition
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ DEVICES_FLAG = "--xla_force_host_platform_device_count"
 VECTOR_FLAG = "--xla_cpu_prefer_vector_width"
 CACHE_VARIABLE = "JAX_COMPILATION_CACHE_DIR"
 _OWNED = "TESTS_JAX_CACHE_OWNER"  # set by the process that made the cache folder
+# How long a test waits for a subprocess to end or a condition to hold before it fails:
+# only a hang should reach it. The longest such wait takes about 2 minutes on 2 idle cores
+# (a golden curve at its real size, a Ray sweep); a machine running a second suite beside
+# this one takes several times as long, and no test may fail for being slow.
+PATIENCE_S = 1200.0
 
 
 def _flags() -> list[str]:

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from PIL import Image
+from session_env import PATIENCE_S
 
 from transformer import tasks
 from transformer.data.tokenizers import CharTokenizer
@@ -190,7 +191,9 @@ def test_sweep_runs_unfinished_points_resumes_and_tabulates(tmp_path):
     f"--config={TINY}",
     f"--workdir={tmp_path}",
   ]
-  result = subprocess.run(cmd + COMMON, cwd=REPO, capture_output=True, text=True, timeout=240)
+  result = subprocess.run(
+    cmd + COMMON, cwd=REPO, capture_output=True, text=True, timeout=PATIENCE_S
+  )
   assert result.returncode == 0, result.stdout + result.stderr
   assert "learning_rate=0.001: finished before, not run again" in result.stdout
   assert not os.path.exists(os.path.join(first, "train.log"))  # never launched

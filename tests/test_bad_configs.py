@@ -18,6 +18,7 @@ import pytest
 import tiny_lm_config as tiny_lm_config_file
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from session_env import PATIENCE_S
 
 from transformer.nn.config import ModelConfig
 from transformer.train import experiment
@@ -278,7 +279,7 @@ def test_bad_overrides_on_the_command_line_are_one_line(tmp_path):
     for flag in cases
   }
   for flag, proc in procs.items():
-    _, err = proc.communicate(timeout=300)
+    _, err = proc.communicate(timeout=PATIENCE_S)
     assert proc.returncode == 1, (flag, err[-2000:])
     last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and cases[flag] in last, (flag, last)

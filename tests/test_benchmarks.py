@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from session_env import xla_flags
+from session_env import PATIENCE_S, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -19,7 +19,7 @@ def test_gpu_gpt2_benchmark_smoke():
   out = subprocess.run(
     [sys.executable, os.path.join(REPO, "benchmarks", "gpu_gpt2.py"), "--smoke", "--rounds",
      "1", "--warmup", "0", "--modes", "eager"],
-    capture_output=True, text=True, env=env, timeout=300,
+    capture_output=True, text=True, env=env, timeout=PATIENCE_S,
   )  # fmt: skip
   assert out.returncode == 0, out.stderr[-3000:]
   lines = out.stdout.splitlines()

@@ -17,7 +17,7 @@ import optax
 import pytest
 from jax.sharding import NamedSharding, SingleDeviceSharding
 from jax.sharding import PartitionSpec as P
-from session_env import xla_flags
+from session_env import PATIENCE_S, xla_flags
 
 from transformer.nn.config import ModelConfig
 from transformer.train import checkpoints
@@ -207,7 +207,7 @@ def test_restore_sharded_over_8_devices_onto_4(tmp_path):
     "JAX_PLATFORMS": "cpu",
   }
   result = subprocess.run(
-    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=PATIENCE_S
   )
   assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
 
@@ -470,6 +470,6 @@ def test_checksums_cover_every_shard_of_a_sharded_array(tmp_path):
     "JAX_PLATFORMS": "cpu",
   }
   result = subprocess.run(
-    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=PATIENCE_S
   )
   assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]

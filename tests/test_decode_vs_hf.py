@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from session_env import xla_flags
+from session_env import PATIENCE_S, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -20,7 +20,7 @@ def test_decode_vs_hf_tiny():
     [sys.executable, os.path.join(REPO, "benchmarks", "decode_vs_hf.py"), "--vocab", "128",
      "--layers", "2", "--d-model", "32", "--heads", "4", "--max-len", "64", "--prompt-len",
      "8", "--new-tokens", "8", "--batch-sizes", "1", "3", "--rounds", "1"],
-    capture_output=True, text=True, env=env, timeout=300,
+    capture_output=True, text=True, env=env, timeout=PATIENCE_S,
   )  # fmt: skip
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   lines = out.stdout.splitlines()

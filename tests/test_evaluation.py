@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import sacrebleu
+from session_env import PATIENCE_S
 
 from transformer import decode as decoding
 from transformer import tasks
@@ -122,7 +123,7 @@ def trained_lm(tmp_path_factory):
 
 def _eval_cli(*args):
   cmd = [sys.executable, os.path.join(REPO, "eval.py"), *args]
-  return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+  return subprocess.run(cmd, capture_output=True, text=True, timeout=PATIENCE_S)
 
 
 def test_bad_prompts_are_clear_errors():

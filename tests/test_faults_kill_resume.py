@@ -22,6 +22,7 @@ import time
 import fault_harness as fh
 import numpy as np
 import pytest
+from session_env import PATIENCE_S
 
 # Kills, preemption and the workdir lock (train.py subprocesses).
 
@@ -100,7 +101,7 @@ def test_kills_preemption_and_locks_then_resume_is_bit_exact(tmp_path, reference
   run = fh.Run(command, env)
   _first_update(run)
   run.signal(signal.SIGSTOP)
-  second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+  second = subprocess.run(command, env=env, capture_output=True, text=True, timeout=PATIENCE_S)
   run.signal(signal.SIGCONT)
   resumed_at = time.monotonic()
   assert second.returncode == 1

@@ -79,7 +79,7 @@ def _same_as_reference(chain: str, reference: dict) -> list[int]:
 
 def _survivor(run: fh.Run, lost: int, workdir: str) -> int:
   """Checks the survivor's status and its one line; returns the step it named."""
-  code = run.wait(timeout=120)
+  code = run.wait()
   errors = fh.error_lines(run)
   assert code == 75 and len(errors) == 1, (code, run.output()[-3000:])
   lines = [line for line in run.output().splitlines() if line.strip()]
@@ -95,7 +95,7 @@ def _survivor(run: fh.Run, lost: int, workdir: str) -> int:
 
 def _resumed(runs: list[fh.Run], step: int) -> None:
   for run in runs:
-    run.wait_for(lambda line: line.startswith(f"resumed from step {step} ("), timeout=120)
+    run.wait_for(lambda line: line.startswith(f"resumed from step {step} ("))
 
 
 def _next_phase(run: fh.Run, name: str, after: int, even: bool = False) -> int:
@@ -110,7 +110,7 @@ def _next_phase(run: fh.Run, name: str, after: int, even: bool = False) -> int:
         return True
     return False
 
-  run.wait_for(matches, timeout=120)
+  run.wait_for(matches)
   return found[0]
 
 
@@ -124,7 +124,7 @@ def reference(tmp_path_factory, env):
   """The uninterrupted two-process run: every checkpoint's state."""
   workdir = str(tmp_path_factory.mktemp("mh_reference") / "run")
   runs = _start(workdir, env)
-  codes = [run.wait(timeout=300) for run in runs]
+  codes = [run.wait() for run in runs]
   assert codes == [0, 0], "\n---\n".join(run.output()[-3000:] for run in runs)
   steps = _committed(workdir)
   assert steps == [2, 4, 6, 8, 10, 12], steps
@@ -143,12 +143,12 @@ def chain(tmp_path_factory, env, reference):
   held = fh.pause_env(env, "train 2", release)
   runs = _start(workdir, held, script=fh.PAUSABLE)
   for run in runs:
-    run.wait_for(lambda line: line == "paused train 2", timeout=300)
+    run.wait_for(lambda line: line == "paused train 2")
   runs[1].signal(signal.SIGTERM)
-  runs[1].wait_for(lambda line: "SIGTERM caught" in line, timeout=60)  # JAX's notifier
+  runs[1].wait_for(lambda line: "SIGTERM caught" in line)  # JAX's notifier
   time.sleep(2.0)
   open(release, "w").close()
-  out["preempt"] = {"codes": [run.wait(timeout=120) for run in runs], "runs": runs}
+  out["preempt"] = {"codes": [run.wait() for run in runs], "runs": runs}
   said = [re.findall(r"sync point: saved a checkpoint at step (\d+) in", r.output()) for r in runs]
   out["preempt"]["said"], step = said, int(said[0][0]) if said[0] else None
   out["preempt"]["committed"] = _same_as_reference(workdir, reference)
@@ -157,7 +157,7 @@ def chain(tmp_path_factory, env, reference):
   runs = _start(workdir, env)
   _resumed(runs, step)
   written = _next_phase(runs[1], "train", step, even=True)
-  deadline = time.monotonic() + 30
+  deadline = time.monotonic() + fh.PATIENCE_S
   while written not in _committed(workdir) and time.monotonic() < deadline:
     time.sleep(0.01)
   killed = time.monotonic()
@@ -172,8 +172,10 @@ def chain(tmp_path_factory, env, reference):
   _resumed(runs, step)
   saving = _next_phase(runs[0], "save", step)
   tmp = os.path.join(workdir, "checkpoints", f"{saving}{fh.TMP_SUFFIX}*")
-  deadline = time.monotonic() + 5
-  while not glob.glob(tmp) and time.monotonic() < deadline:
+  # Until the write shows (or, missed, has committed: then `in_flight` is empty and the
+  # test of this case says so).
+  deadline = time.monotonic() + fh.PATIENCE_S
+  while not glob.glob(tmp) and saving not in _committed(workdir) and time.monotonic() < deadline:
     time.sleep(0.002)
   in_flight = glob.glob(tmp)  # this step's write has begun and not committed
   killed = time.monotonic()
@@ -198,7 +200,7 @@ def chain(tmp_path_factory, env, reference):
   # The end.
   runs = _start(workdir, env)
   _resumed(runs, step)
-  codes = [run.wait(timeout=300) for run in runs]
+  codes = [run.wait() for run in runs]
   assert codes == [0, 0], "\n---\n".join(run.output()[-3000:] for run in runs)
   out["end"] = {"committed": _same_as_reference(workdir, reference)}
   out["source_changed"] = fh.source_fingerprint() != reference["source"]
@@ -252,7 +254,7 @@ def test_the_chain_ends_bit_exact(chain):
 def test_inconsistent_configs_are_refused_on_every_process(tmp_path, env):
   workdir = str(tmp_path / "run")
   runs = _start(workdir, env, each=[[], ["--config.batch_size=16"]])
-  codes = [run.wait(timeout=120) for run in runs]
+  codes = [run.wait() for run in runs]
   for run in runs:
     errors = fh.error_lines(run)
     assert len(errors) == 1, run.output()[-3000:]

@@ -27,6 +27,7 @@ import fault_harness as fh
 import jax
 import pytest
 from fault_runs import train_flags
+from session_env import PATIENCE_S
 
 STEPS = train_flags(num_train_steps=6)  # checkpoints at 2, 4, 6: the `trained` run
 
@@ -59,19 +60,19 @@ def test_storage_outage_mid_save_is_retried_or_never_loaded(tmp_path, trained):
   try:
     emulator.start(die_at=(mid_write.format(4), 3))
     run = fh.Run(fh.train_command(url, *STEPS), env)
-    assert "checkpoints/4/state/" in emulator.wait_dead(timeout=300)
+    assert "checkpoints/4/state/" in emulator.wait_dead(timeout=PATIENCE_S)
     time.sleep(2.0)  # storage unreachable for 2 s in the middle of the write
     emulator.start(die_at=(mid_write.format(6), 3))
-    assert "checkpoints/6/state/" in emulator.wait_dead(timeout=300)  # step 4 went through
+    assert "checkpoints/6/state/" in emulator.wait_dead(timeout=PATIENCE_S)  # step 4 went through
     time.sleep(2.0)
     run.signal(signal.SIGKILL)  # the scheduler gives up on it while the storage is down
-    assert run.wait(timeout=60) == -signal.SIGKILL
+    assert run.wait(timeout=PATIENCE_S) == -signal.SIGKILL
     steps = _gcs_steps(_objects(store, "run/checkpoints"))
     assert steps == {2: True, 4: True, 6: False}, steps  # 6: begun, never committed
 
     emulator.start()
     resumed = fh.Run(fh.train_command(url, *STEPS), env)
-    code = resumed.wait(timeout=300)
+    code = resumed.wait(timeout=PATIENCE_S)
     out = resumed.output()
     assert code == 0, out[-3000:]
     assert "resumed from step 4 (" in out, out[-3000:]
@@ -114,14 +115,14 @@ def test_disk_full_mid_save_stops_in_one_line_and_resumes_once_freed(tmp_path, t
     env = fh.pause_env(fh.child_env(devices=jax.device_count()), "train 2", release)
     cmd = disk.wrap(fh.train_command(workdir, *STEPS, script=fh.PAUSABLE))
     run = fh.Run(cmd, env)
-    run.wait_for(lambda line: line == "paused train 2", timeout=300)
+    run.wait_for(lambda line: line == "paused train 2")
     seen = disk.view(folder)
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + PATIENCE_S
     while not os.path.isdir(os.path.join(seen, "2")) and time.monotonic() < deadline:
       time.sleep(0.05)
     assert _fill(seen) > 0  # another writer fills the disk once step 2 is committed
     open(release, "w").close()
-    code = run.wait(timeout=300)
+    code = run.wait(timeout=PATIENCE_S)
     errors = fh.error_lines(run)
     assert code == 1 and len(errors) == 1, run.output()[-3000:]
     assert errors[0].startswith(f"error: checkpoint step 4 could not be written to {folder} ")
@@ -134,7 +135,7 @@ def test_disk_full_mid_save_stops_in_one_line_and_resumes_once_freed(tmp_path, t
 
     os.remove(os.path.join(seen, "ballast"))  # space freed
     resumed = fh.Run(disk.wrap(fh.train_command(workdir, *STEPS)), env)
-    code = resumed.wait(timeout=300)
+    code = resumed.wait(timeout=PATIENCE_S)
     assert code == 0, resumed.output()[-3000:]
     assert "resumed from step 2 (" in resumed.output()
     final = fh.final_state(disk.view(workdir))

@@ -22,6 +22,7 @@ import urllib.request
 
 import pytest
 from fault_harness import REPO, TINY_CONFIG, bit_equal, child_env, final_state
+from session_env import PATIENCE_S
 
 BUCKET = "bucket"
 STEPS = ("--config.num_train_steps=6", "--config.checkpoint_every=3", "--config.log_every=2")
@@ -44,7 +45,7 @@ _KILLED_TRAIN = textwrap.dedent(
     print(f"phase {{name}} {{step}}", file=sys.stderr, flush=True)
     if name == "train" and step == {kill_at}:
       done = epath.Path({workdir!r}) / "checkpoints" / str(step) / "commit_success.txt"
-      deadline = time.monotonic() + 120
+      deadline = time.monotonic() + PATIENCE_S
       while not done.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
       print(f"killing at {{step}}", file=sys.stderr, flush=True)
@@ -146,7 +147,9 @@ def _env(endpoint: str) -> dict[str, str]:
   return env
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+def _run(
+  cmd: list[str], env: dict[str, str], timeout: float = PATIENCE_S
+) -> subprocess.CompletedProcess:
   return subprocess.run(
     cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
   )
@@ -271,7 +274,7 @@ def test_unwritable_or_unreachable_gs_workdir_is_one_line(emulator, tmp_path):
       "Cannot connect to host 127.0.0.1"),
   }  # fmt: skip
   for what, (proc, url, reason) in runs.items():
-    stdout, stderr = proc.communicate(timeout=240)
+    stdout, stderr = proc.communicate(timeout=PATIENCE_S)
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert proc.returncode == 1, (what, stdout, stderr)
     assert lines and lines[-1].startswith(f"error: workdir {url} is not writable: "), stderr

@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from session_env import PATIENCE_S
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "record_golden.py"
@@ -161,7 +162,7 @@ def test_recipe_follows_its_golden_curve(name, tmp_path):
   cmd = [sys.executable, str(SCRIPT), "--config", name, "--out", str(tmp_path)]
   cmd += ["--workdir", str(tmp_path / "runs")]
   env = dict(os.environ, PYTHONUNBUFFERED="1")
-  out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
+  out = subprocess.run(cmd, capture_output=True, text=True, timeout=PATIENCE_S, cwd=REPO, env=env)
   if out.returncode:
     tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])
     pytest.fail(f"{name}: scripts/record_golden.py exited {out.returncode}:\n{tail}")

@@ -20,6 +20,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
+from session_env import PATIENCE_S
 
 REPO = Path(__file__).resolve().parents[1]
 # Not part of a source tree to install (.gitignore).
@@ -33,7 +34,7 @@ TINY = (
 )  # fmt: skip
 
 
-def _run(cmd, cwd, env, timeout=300):
+def _run(cmd, cwd, env, timeout=PATIENCE_S):
   out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
   assert out.returncode == 0, f"{cmd}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
   return out

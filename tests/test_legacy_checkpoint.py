@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from session_env import xla_flags
+from session_env import PATIENCE_S, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "legacy_lm_run")
@@ -36,7 +36,9 @@ def test_checkpoint_from_before_the_refactor_resumes_and_trains_on(tmp_path):
     f"--workdir={workdir}",
     "--config.keep_checkpoints=1",
   ]
-  result = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+    cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=PATIENCE_S
+  )
   assert result.returncode == 0, result.stdout + result.stderr
   assert "resumed from step 3" in result.stdout
   records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]

@@ -119,7 +119,7 @@ def _start(task: str, workdir: str, data_dir: str, env: dict, hold: str | None =
 
 
 def _finish(runs: list) -> list[str]:
-  codes = [run.wait(timeout=300) for run in runs]
+  codes = [run.wait() for run in runs]
   outputs = [run.output() for run in runs]
   assert codes == [0, 0], "\n---\n".join(out[-3000:] for out in outputs)
   return outputs
@@ -128,8 +128,8 @@ def _finish(runs: list) -> list[str]:
 def _kill_after_checkpoint(runs: list, workdir: str, step: int) -> None:
   """Waits until both processes hold after saving `step` and it is on disk; SIGKILLs both."""
   for run in runs:
-    run.wait_for(lambda line: line == f"phase train {step}", timeout=300)
-  deadline = time.monotonic() + 120
+    run.wait_for(lambda line: line == f"phase train {step}")
+  deadline = time.monotonic() + fh.PATIENCE_S
   while not os.path.isdir(os.path.join(workdir, "checkpoints", str(step))):
     assert time.monotonic() < deadline, f"checkpoint {step} never committed"
     time.sleep(0.1)
@@ -223,6 +223,6 @@ def test_two_processes_killed_and_resumed_end_bit_exact(prepared, task):
   # One process cannot continue the two processes' data positions: refused in one line.
   single = _overrides(task, data_dir) + ["--config.mesh.fsdp=1"]
   one = fh.Run(_command(task, reference, data_dir) + single, env)
-  assert one.wait(timeout=300) == 1
+  assert one.wait() == 1
   errors = [line for line in one.output().splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "data-iterator states of 2 processes and this run has 1" in errors[0]

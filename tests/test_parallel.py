@@ -9,7 +9,7 @@ import numpy as np
 import optax
 import pytest
 from jax.sharding import PartitionSpec as P
-from session_env import xla_flags
+from session_env import PATIENCE_S, xla_flags
 
 from transformer import tasks
 from transformer.nn import partitioning
@@ -257,7 +257,7 @@ def test_two_processes_on_localhost_match_one_process(tmp_path):
     )
     for i in range(2)
   ]
-  outputs = [p.communicate(timeout=300)[0] for p in procs]
+  outputs = [p.communicate(timeout=PATIENCE_S)[0] for p in procs]
   assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
   one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
   assert len(one) == len(two) >= 3

@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from session_env import xla_flags
+from session_env import PATIENCE_S, xla_flags
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCHMARKS = os.path.join(REPO, "benchmarks")
@@ -32,7 +32,7 @@ def test_race_runs_both_sides_and_prints_finite_rows():
     [sys.executable, os.path.join(BENCHMARKS, "race.py"), "--quick", "--max-iters", "10",
      "--eval-interval", "5", "--our-steps", "10", "--our-eval-every", "5", "--target", "3.8",
      "--override", "sample_tokens=0"],
-    capture_output=True, text=True, env=env, cwd=REPO, timeout=300,
+    capture_output=True, text=True, env=env, cwd=REPO, timeout=PATIENCE_S,
   )  # fmt: skip
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "ISA: " in out.stdout and "Caveat:" in out.stdout, out.stdout

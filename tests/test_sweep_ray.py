@@ -22,7 +22,7 @@ import time
 
 import pytest
 from PIL import Image
-from session_env import xla_flags
+from session_env import PATIENCE_S, xla_flags
 
 from transformer.research import sweep, tune_sweep
 
@@ -145,7 +145,7 @@ def test_asha_sweep_killed_and_rerun_keeps_finished_trials(tmp_path):
     first = subprocess.Popen(
       cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True
     )
-  deadline = time.monotonic() + 150
+  deadline = time.monotonic() + PATIENCE_S
 
   def wait_for(condition):
     while not condition():
@@ -170,7 +170,13 @@ def test_asha_sweep_killed_and_rerun_keeps_finished_trials(tmp_path):
     _signal(paused, signal.SIGCONT)  # to meet its SIGTERM (or SIGKILL) from the dead node
     paused = None
     second = subprocess.run(
-      cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180, start_new_session=True
+      cmd,
+      cwd=REPO,
+      env=env,
+      capture_output=True,
+      text=True,
+      timeout=PATIENCE_S,
+      start_new_session=True,
     )
   finally:
     if paused is not None:
@@ -259,7 +265,7 @@ def test_resources_the_local_instance_lacks_are_one_line(tmp_path):
     f"--workdir={tmp_path / 'w'}", "--num_cpus=1", '--resources_per_trial={"cpu": 1, "TPU": 4}',
   ]  # fmt: skip
   result = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+                          timeout=PATIENCE_S)  # fmt: skip
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert result.returncode == 1 and len(errors) == 1, result.stdout + result.stderr
   assert "resources per trial: TPU 4 is more than the Ray cluster has (CPU: 1" in errors[0]

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from session_env import PATIENCE_S
 
 from transformer import tasks
 from transformer.data import masking
@@ -260,7 +261,7 @@ def _run_cli(workdir, steps, extra=(), wait=True):
     *extra,
   ]
   if wait:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=PATIENCE_S)
   return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

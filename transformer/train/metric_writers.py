@@ -40,6 +40,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +59,23 @@ _SPLIT = re.compile(r"^[A-Za-z0-9_]+$")
 EVAL_CONSOLE = {"loss": "loss", "perplexity": "ppl", "accuracy": "acc", "bleu": "bleu"}
 # The metric tags TensorBoard's HParams tab shows against the config.
 HPARAM_METRICS = ("eval/loss", "eval/accuracy", "eval/perplexity", "train/loss")
+
+
+def _summary_writer_class():
+  """tensorboardX's `SummaryWriter`, imported without PyTorch. tensorboardX imports torch
+  whenever it is installed, only to accept torch tensors: 2 s of every run's start, for a
+  writer that is given Python numbers. `sys.modules["torch"] = None` makes its
+  `import torch` fail as if torch were absent (its own fallback) while it loads."""
+  if "torch" in sys.modules or "tensorboardX.writer" in sys.modules:
+    from tensorboardX import SummaryWriter
+
+    return SummaryWriter
+  sys.modules["torch"] = None
+  try:
+    from tensorboardX import SummaryWriter
+  finally:
+    del sys.modules["torch"]
+  return SummaryWriter
 
 
 class MetricWriter:
@@ -124,8 +142,7 @@ class MetricWriter:
       os.makedirs(self.workdir, exist_ok=True)
     if resume_step is not None:
       self.truncate_after(resume_step)
-    from tensorboardX import SummaryWriter  # heavy import, primary only
-
+    SummaryWriter = _summary_writer_class()  # noqa: N806  (a heavy import, primary only)
     purge = None if resume_step is None else resume_step + 1
     tb_dir = os.path.join(self.workdir, TENSORBOARD_DIR)
     if self._remote:
