@@ -4,10 +4,13 @@ import glob
 import json
 import os
 import struct
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from session_env import PATIENCE_S
 
 from transformer.train import metric_writers
 
@@ -71,6 +74,26 @@ def test_writes_jsonl_tensorboard_and_console(tmp_path):
   scalars = _tensorboard_scalars(tmp_path / "tensorboard")
   assert scalars["train/loss"][:2] == [(10, 2.5), (20, 2.0)]
   assert scalars["eval/accuracy"] == [(20, 0.5)]
+
+
+def test_the_writer_does_not_load_pytorch(tmp_path):
+  """tensorboardX imports torch when it is installed (2 s of every run's start); the writer
+  keeps it out, and torch still imports afterwards."""
+  code = (
+    "import sys\n"
+    "from transformer.train.metric_writers import MetricWriter\n"
+    f"with MetricWriter({str(tmp_path)!r}, is_primary=True, print_fn=lambda _: None) as w:\n"
+    "  w.write_scalars(1, {'loss': 1.0})\n"
+    "  w.write_hparams({'a': 1})\n"
+    "  w.write_text(1, 'sample', 'x')\n"
+    "assert 'torch' not in sys.modules, 'torch was imported'\n"
+    "import torch\n"
+  )
+  out = subprocess.run(
+    [sys.executable, "-c", code], capture_output=True, text=True, timeout=PATIENCE_S
+  )
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert _tensorboard_scalars(tmp_path / "tensorboard")["train/loss"] == [(1, 1.0)]
 
 
 def test_non_primary_process_writes_nothing(tmp_path):

@@ -39,7 +39,6 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "SCALING.md")
 TINY_CONFIG = os.path.join(REPO, "tests", "tiny_lm_config.py")
-TIMEOUT = 240  # seconds per run (a run takes about 15 s on 2 busy cores)
 EXTRA = (
   "--config.num_train_steps=2",
   "--config.schedule.warmup_steps=1",
@@ -100,7 +99,7 @@ def _run_all(commands: list[tuple[list[str], dict, str]]) -> list[tuple[int, str
           argv, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
       )
-    deadline = time.monotonic() + TIMEOUT
+    deadline = time.monotonic() + fh.PATIENCE_S  # a run takes about 15 s on 2 idle cores
     results = []
     for proc in procs:
       out, _ = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
