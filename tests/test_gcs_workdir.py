@@ -45,7 +45,7 @@ _KILLED_TRAIN = textwrap.dedent(
     print(f"phase {{name}} {{step}}", file=sys.stderr, flush=True)
     if name == "train" and step == {kill_at}:
       done = epath.Path({workdir!r}) / "checkpoints" / str(step) / "commit_success.txt"
-      deadline = time.monotonic() + PATIENCE_S
+      deadline = time.monotonic() + {patience}
       while not done.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
       print(f"killing at {{step}}", file=sys.stderr, flush=True)
@@ -185,8 +185,8 @@ def test_gs_workdir_train_kill_resume_evaluate(emulator, tmp_path):
   assert ref.returncode == 0, ref.stdout + ref.stderr
 
   url = f"gs://{BUCKET}/runs/tiny"
-  killed = _run([sys.executable, "-c", _KILLED_TRAIN.format(repo=REPO, kill_at=KILL_AT,
-                 workdir=url), *_train(url)[2:]], env)  # fmt: skip
+  script = _KILLED_TRAIN.format(repo=REPO, kill_at=KILL_AT, workdir=url, patience=PATIENCE_S)
+  killed = _run([sys.executable, "-c", script, *_train(url)[2:]], env)
   assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
   assert f"killing at {KILL_AT}" in killed.stderr
   root = epath.Path(url)
