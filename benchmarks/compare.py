@@ -11,7 +11,7 @@ times them alternately, one step each per round (ours, eager, compile, ours, ...
 `--warmup` rounds that are not counted; every figure is a median over `--rounds`. Each
 round also times one 2048^3 float32 matmul in JAX and in PyTorch: the machine's matmul
 peak is the best rate either reached in the run, and MFU is model FLOP/s (the same
-`transformer.nn.config.flops_per_token` count for both frameworks) over that peak. The
+`transformer.nn.models.flops_per_token` count for both frameworks) over that peak. The
 machine is shared, so the last table adds MFU against the faster library's median matmul
 rate (timed under the same load as the steps), MFU of our fastest step, and the load.
 

@@ -60,8 +60,8 @@ from torch_reference import TorchStep  # noqa: E402  (benchmarks/ is on sys.path
 from train_step import OursStep, Workload  # noqa: E402
 
 from transformer import decode  # noqa: E402
-from transformer.nn import kernels  # noqa: E402
-from transformer.nn.config import ModelConfig  # noqa: E402
+from transformer.nn import kernel_rules, kernels  # noqa: E402
+from transformer.nn.config import ATTENTION_IMPLS, ModelConfig  # noqa: E402
 from transformer.nn.masks import MaskInfo  # noqa: E402
 from transformer.nn.models import build_model  # noqa: E402
 from transformer.nn.sizes import named  # noqa: E402
@@ -162,7 +162,7 @@ def attention_and_grads(impl: str, arrays, info, cotangent, dtype):
 def parity(args) -> bool:
   """Prints the parity table; False if a case fails. Without cuDNN: the reason only."""
   try:
-    kernels.resolve_attention_impl(ModelConfig(attention_impl="cudnn", dtype="bfloat16"))
+    kernel_rules.resolve_attention_impl(ModelConfig(attention_impl="cudnn", dtype="bfloat16"))
   except ValueError as e:
     print(f"\ncuDNN parity: skipped: {e}")
     return True
@@ -221,7 +221,7 @@ def peak_flops(n: int, torch_device: str) -> tuple[float, float]:
 
 def train(args) -> None:
   torch_device = "cuda" if torch.cuda.is_available() else "cpu"
-  impl, why = kernels.resolve_attention_impl(gpt2(args, attention_impl=args.attention_impl))
+  impl, why = kernel_rules.resolve_attention_impl(gpt2(args, attention_impl=args.attention_impl))
   w = workload(args, impl)
   peak_jax, peak_torch = peak_flops(256 if args.smoke else args.peak_n, torch_device)
   peak = max(peak_jax, peak_torch)
@@ -268,7 +268,7 @@ def train(args) -> None:
 
 
 def decoding(args) -> None:
-  impl, why = kernels.resolve_attention_impl(gpt2(args, attention_impl=args.attention_impl))
+  impl, why = kernel_rules.resolve_attention_impl(gpt2(args, attention_impl=args.attention_impl))
   config = gpt2(args, attention_impl=impl, dropout_rate=0.0)
   prompt, new = (8, 8) if args.smoke else (args.prompt_len, args.new_tokens)
   model = build_model(config)
@@ -301,7 +301,7 @@ def main():
   parser.add_argument("--batch", type=int, default=16, help="sequences of 1024 per step")
   parser.add_argument("--rounds", type=int, default=20, help="timed rounds")
   parser.add_argument("--warmup", type=int, default=3, help="untimed rounds after compiling")
-  parser.add_argument("--attention_impl", default="auto", choices=kernels.IMPLS)
+  parser.add_argument("--attention_impl", default="auto", choices=ATTENTION_IMPLS)
   parser.add_argument("--modes", nargs="+", default=["compile"], choices=["eager", "compile"])
   parser.add_argument("--peak_n", type=int, default=8192, help="side of the peak matmul")
   parser.add_argument("--prompt_len", type=int, default=128, help="decoding prompt")

@@ -15,7 +15,7 @@ decay 1e-4), clipping at global norm 1.0:
            10 classes, batch 64
 
 The step is `transformer.train.step` compiled by `StepRunner` (jit, one device,
-state donated). MFU is model matmul FLOPs per second (`transformer.nn.config.flops_per_token`,
+state donated). MFU is model matmul FLOPs per second (`transformer.nn.models.flops_per_token`,
 forward + backward) over the machine's matmul peak, measured here with large square
 matmuls in the same dtype (`matmul_peak`). Prints a Markdown table.
 
@@ -42,8 +42,7 @@ from transformer import process_settings, tasks
 from transformer.data import masking
 from transformer.data.config import DataConfig
 from transformer.nn.config import ModelConfig
-from transformer.nn.counts import flops_per_token
-from transformer.nn.models import build_model
+from transformer.nn.models import build_model, flops_per_token
 from transformer.train.parallel import StepRunner, make_mesh
 from transformer.train.step import StepConfig, create_train_state
 

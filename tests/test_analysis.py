@@ -20,7 +20,7 @@ from transformer import tasks
 from transformer.data.tokenizers import CharTokenizer
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
-from transformer.research import analysis, plots, sweep
+from transformer.research import analysis, plots, sweep, sweep_points
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_lm_config.py")
@@ -177,12 +177,12 @@ def test_sweep_dry_run_prints_one_command_per_point(tmp_path, capsys):
 @pytest.mark.slow
 def test_sweep_runs_unfinished_points_resumes_and_tabulates(tmp_path):
   points = sweep.load_sweep(TINY)
-  first, second = (os.path.join(tmp_path, sweep.point_name(p)) for p in points)
+  first, second = (os.path.join(tmp_path, sweep_points.point_name(p)) for p in points)
   # The first point "finished before" (as if the sweep had been killed after it).
   os.makedirs(first)
   with open(os.path.join(first, "metrics.jsonl"), "w") as f:
     f.write(json.dumps({"step": 3, "split": "eval", "loss": 9.5}) + "\n")
-  open(os.path.join(first, sweep.DONE), "w").close()
+  open(os.path.join(first, sweep_points.DONE), "w").close()
 
   cmd = [
     sys.executable,
@@ -197,7 +197,7 @@ def test_sweep_runs_unfinished_points_resumes_and_tabulates(tmp_path):
   assert result.returncode == 0, result.stdout + result.stderr
   assert "learning_rate=0.001: finished before, not run again" in result.stdout
   assert not os.path.exists(os.path.join(first, "train.log"))  # never launched
-  assert os.path.isfile(os.path.join(second, sweep.DONE))
+  assert os.path.isfile(os.path.join(second, sweep_points.DONE))
   assert sweep.final_eval(second)["step"] == 3
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))

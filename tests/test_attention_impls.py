@@ -19,10 +19,10 @@ import pytest
 import tiny_lm_config
 from conftest import make_random_params, make_tiny_config
 
-from transformer.nn import kernels, partitioning, splash
+from transformer.nn import kernel_rules, kernels, partitioning, splash
 from transformer.nn.config import ModelConfig
 from transformer.nn.masks import MaskInfo
-from transformer.nn.models import build_model
+from transformer.nn.models import build_model, check
 from transformer.train import loop
 
 
@@ -150,7 +150,7 @@ def test_fused_kernels_use_xla_where_they_cannot_apply(interpret):
   full = MaskInfo.create(seg, causal=True)
 
   def impl(q, info, mask=None, weights=False):
-    return kernels._call_impl("splash", q, k, mask, info, None, False, weights)
+    return kernel_rules.call_impl("splash", q, k, mask, info, None, False, weights)
 
   def traced(q, info_at):
     seen = []
@@ -182,8 +182,8 @@ def _program(config: ModelConfig) -> str:
 def test_auto_is_the_default_and_exactly_xla_on_the_cpu():
   """'auto' resolves to 'xla' here, and the traced program is the one 'xla' gives."""
   assert ModelConfig().attention_impl == "auto"
-  assert kernels.resolve_attention_impl(ModelConfig())[0] == "xla"
-  assert kernels.resolve_attention_impl(ModelConfig(attention_impl="chunked"))[0] == "chunked"
+  assert kernel_rules.resolve_attention_impl(ModelConfig())[0] == "xla"
+  assert kernel_rules.resolve_attention_impl(ModelConfig(attention_impl="chunked"))[0] == "chunked"
   for overrides in (
     dict(position="rope", num_kv_heads=2),
     dict(position="alibi", attention_dropout_rate=0.1, dtype="bfloat16"),
@@ -204,7 +204,7 @@ def _one_line_error(fn, *phrases):
 def test_cudnn_without_a_gpu_is_a_one_line_error_before_compiling(tmp_path):
   c = ModelConfig(attention_impl="cudnn", dtype="bfloat16")  # valid: the config cannot
   _one_line_error(  # see the backend; the run's start can
-    lambda: kernels.resolve_attention_impl(c),
+    lambda: kernel_rules.resolve_attention_impl(c),
     "ModelConfig.attention_impl='cudnn'",
     "NVIDIA GPU",
     "backend is cpu",
@@ -218,7 +218,7 @@ def test_cudnn_without_a_gpu_is_a_one_line_error_before_compiling(tmp_path):
 
 def test_splash_without_a_tpu_is_a_one_line_error():
   c = ModelConfig(attention_impl="splash")
-  _one_line_error(lambda: kernels.resolve_attention_impl(c), "needs a TPU", "backend is cpu")
+  _one_line_error(lambda: kernel_rules.resolve_attention_impl(c), "needs a TPU", "backend is cpu")
 
 
 @pytest.mark.parametrize(
@@ -234,7 +234,7 @@ def test_splash_without_a_tpu_is_a_one_line_error():
 )
 def test_fused_kernels_refuse_what_they_cannot_do_at_validation(overrides, phrases):
   field = "ModelConfig.attention_impl=" + repr(overrides["attention_impl"])
-  _one_line_error(lambda: ModelConfig(**overrides), field, *phrases)
+  _one_line_error(lambda: check(ModelConfig(**overrides)), field, *phrases)
 
 
 @pytest.mark.parametrize("field", ["splash_block_q", "splash_block_kv"])

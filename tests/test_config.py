@@ -1,5 +1,6 @@
-"""ModelConfig: validation at construction (field, value and rule in the message), helpers,
-named sizes and the FLOP formula."""
+"""ModelConfig: validation (field, value and rule in the message) at construction and by
+`models.check` (the registries' rules, which `build_model` applies), helpers, named sizes
+and the FLOP formula."""
 
 import dataclasses
 import math
@@ -10,8 +11,7 @@ import jax.numpy as jnp
 import pytest
 
 from transformer.nn.config import ModelConfig
-from transformer.nn.counts import flops_per_token, param_count
-from transformer.nn.models import build_model
+from transformer.nn.models import build_model, check, flops_per_token, param_count
 from transformer.nn.sizes import NAMED_SIZES, named
 
 VIT = dict(family="vit", num_classes=10, image_size=32, patch_size=8, max_len=17)
@@ -79,10 +79,19 @@ BAD = [
 def test_invalid_config_raises_naming_field_value_and_rule(overrides, field, rule):
   value = overrides[field] if field in overrides else {**VIT, **overrides}.get(field)
   with pytest.raises(ValueError) as error:
-    ModelConfig(**overrides)
+    check(ModelConfig(**overrides))
   message = str(error.value)
   assert message.startswith(f"ModelConfig.{field}={value!r}: "), message
   assert rule in message, message
+
+
+@pytest.mark.parametrize(
+  ("overrides", "field"), [(dict(family="rnn"), "family"), (dict(VIT, image_size=30), "image_size")]
+)
+def test_build_model_applies_the_registries_rules(overrides, field):
+  config = ModelConfig(**overrides)  # field rules hold; the family's do not
+  with pytest.raises(ValueError, match=re.escape(f"ModelConfig.{field}=")):
+    build_model(config)
 
 
 def test_replace_validates_too():

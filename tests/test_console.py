@@ -21,8 +21,7 @@ from transformer.data import builders
 from transformer.data.progress import Timed, format_duration, progress
 from transformer.decode.sliding import generate_sliding
 from transformer.eval.evaluate import restore
-from transformer.nn.counts import param_count
-from transformer.nn.models import build_model
+from transformer.nn.models import build_model, param_count
 from transformer.nn.sizes import named
 from transformer.train import telemetry
 from transformer.train.metric_writers import format_eval_line, format_train_line

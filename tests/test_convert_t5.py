@@ -19,8 +19,7 @@ pytest.importorskip("safetensors")
 from transformer.convert import hf, registry  # noqa: E402
 from transformer.convert.t5 import ARCHITECTURE, CONVERTERS  # noqa: E402
 from transformer.decode import translate  # noqa: E402
-from transformer.nn.counts import param_count  # noqa: E402
-from transformer.nn.models import build_model  # noqa: E402
+from transformer.nn.models import build_model, param_count  # noqa: E402
 from transformer.nn.positions.relative_t5 import t5_relative_bucket  # noqa: E402
 
 VOCAB, D, LAYERS = 100, 32, 2

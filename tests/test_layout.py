@@ -1,5 +1,7 @@
 """The package's import graph flows one way (docs/ARCHITECTURE.md): no module imports a
-package documented above it, and the model library imports no training or input stack."""
+package documented above it, the model library imports no training or input stack, and no
+modules import each other in a cycle, within a package or across, imports inside
+functions included (an import deferred into a function still makes a cycle)."""
 
 from __future__ import annotations
 
@@ -68,14 +70,63 @@ def violations(module: str, imported: list[str]) -> list[str]:
   return bad
 
 
-def _modules() -> list[tuple[str, Path]]:
+def _modules(package: Path = PACKAGE) -> list[tuple[str, Path]]:
   out = []
-  for path in sorted(PACKAGE.rglob("*.py")):
-    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+  for path in sorted(package.rglob("*.py")):
+    parts = path.relative_to(package.parent).with_suffix("").parts
     if parts[-1] == "__init__":
       parts = parts[:-1]
     out.append((".".join(parts), path))
   return out
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+  """module -> the package's modules it imports. `from a.b import c` imports module a.b.c
+  where that is a module, else a.b (the package whose `__init__` defines c)."""
+  modules = dict(_modules(package))
+  graph = {}
+  for module, path in modules.items():
+    edges = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        names = [f"{node.module}.{alias.name}" for alias in node.names]
+        names = [n if n in modules else node.module for n in names]
+      else:
+        continue
+      edges |= {n for n in names if n in modules and n != module}
+    graph[module] = edges
+  return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The strongly connected components of more than one module (Tarjan), each sorted."""
+  index: dict[str, int] = {}
+  low: dict[str, int] = {}
+  stack: list[str] = []
+  found = []
+
+  def visit(v: str) -> None:
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    for w in sorted(graph.get(v, ())):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      component = []
+      while not component or component[-1] != v:
+        component.append(stack.pop())
+      if len(component) > 1:
+        found.append(sorted(component))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  return found
 
 
 def test_every_package_is_on_a_layer():
@@ -107,3 +158,33 @@ def test_the_check_allows_downward_and_internal_imports():
   assert violations("transformer.train.loop", ["transformer.tasks", "transformer.nn.config"]) == []
   assert violations("transformer.tasks.lm", ["transformer.tasks.base", "jax"]) == []
   assert violations("transformer.cli", ["transformer.process_settings"]) == []
+
+
+def test_no_import_cycles():
+  assert cycles(import_graph()) == []
+
+
+def test_the_model_config_imports_nothing_from_the_package():
+  assert import_graph()["transformer.nn.config"] == set()
+
+
+def test_the_cycle_check_catches_a_planted_cycle_inside_a_function(tmp_path):
+  package = tmp_path / "planted"
+  (package / "sub").mkdir(parents=True)
+  (package / "__init__.py").write_text("")
+  (package / "sub" / "__init__.py").write_text("")
+  (package / "a.py").write_text("from planted.sub import b\n")
+  (package / "c.py").write_text("import os\n")
+  # the way the old ModelConfig reached its registries: an import inside a function
+  (package / "sub" / "b.py").write_text("def f():\n  from planted import a\n  return a\n")
+  graph = import_graph(package)
+  assert graph["planted.a"] == {"planted.sub.b"} and graph["planted.sub.b"] == {"planted.a"}
+  assert cycles(graph) == [["planted.a", "planted.sub.b"]]
+  (package / "sub" / "b.py").write_text("def f():\n  from planted import c\n  return c\n")
+  assert cycles(import_graph(package)) == []
+
+
+def test_the_cycle_check_catches_the_old_registry_cycle():
+  graph = import_graph()
+  graph["transformer.nn.config"] = {"transformer.nn.models"}  # as before the boundary check
+  assert any("transformer.nn.config" in c and "transformer.nn.models" in c for c in cycles(graph))

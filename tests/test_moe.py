@@ -25,7 +25,7 @@ import pytest
 import reference_numpy as ref
 
 from transformer import tasks
-from transformer.nn import counts, moe, partitioning
+from transformer.nn import models, moe, partitioning
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.train import experiment
@@ -300,14 +300,14 @@ def test_analytic_counts_equal_real_parameter_counts():
     _config(scan_layers=True, moe_top_k=2),
   ]
   for c in cases:
-    assert counts.param_count(c) == real_param_count(c), c
+    assert models.param_count(c) == real_param_count(c), c
   # Active FLOPs: the router plus K experts per token, so a top-2 model of 4 experts costs
   # (router aside) what a dense model of twice the width costs.
   moe_cfg = _config(num_layers=2, moe_every=1, moe_top_k=2)
   dense = moe_cfg.replace(moe_experts=0, d_ff=2 * F)
   router = 2 * moe_cfg.num_layers * D * E
-  assert counts.flops_per_token(moe_cfg, 16, training=False) == (
-    counts.flops_per_token(dense, 16, training=False) + router
+  assert models.flops_per_token(moe_cfg, 16, training=False) == (
+    models.flops_per_token(dense, 16, training=False) + router
   )
 
 

@@ -12,8 +12,7 @@ import pytest
 
 from transformer.nn import config as config_lib
 from transformer.nn.config import ModelConfig
-from transformer.nn.counts import param_count
-from transformer.nn.models import FAMILIES, build_model
+from transformer.nn.models import FAMILIES, build_model, param_count
 from transformer.nn.positions import POSITIONS
 from transformer.nn.sizes import NAMED_SIZES, named
 

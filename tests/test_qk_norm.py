@@ -18,8 +18,7 @@ from conftest import make_random_params, make_tiny_config
 
 from transformer.nn import partitioning
 from transformer.nn.config import ModelConfig
-from transformer.nn.counts import param_count
-from transformer.nn.models import DecoderLM, EncoderDecoder
+from transformer.nn.models import DecoderLM, EncoderDecoder, param_count
 from transformer.nn.tree import path_str
 
 TOL = dict(rtol=1e-5, atol=1e-5)

@@ -2,14 +2,14 @@
 
 Bidirectional stacks see |t - s| < W (key indices); each model equals the float64 NumPy
 reference with that banded mask and differs from the same model without the window. The
-analytic counts ignore the window, as they ignore causal masking (`counts.flops_per_token`).
+analytic counts ignore the window, as they ignore causal masking (`models.flops_per_token`).
 """
 
 import jax
 import numpy as np
 import reference_numpy as ref
 
-from transformer.nn import counts
+from transformer.nn import models
 from transformer.nn.models import EncoderDecoder, MaskedLM, VisionTransformer
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -22,8 +22,8 @@ def _tokens(shape, seed):
 
 def _assert_counts_ignore_the_window(c):
   plain = c.replace(sliding_window=None)
-  assert counts.param_count(c) == counts.param_count(plain)
-  assert counts.flops_per_token(c, 64) == counts.flops_per_token(plain, 64)
+  assert models.param_count(c) == models.param_count(plain)
+  assert models.flops_per_token(c, 64) == models.flops_per_token(plain, 64)
 
 
 def _assert_window_changes(windowed, plain):

@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 from session_env import PATIENCE_S, xla_flags
 
-from transformer.research import sweep, tune_sweep
+from transformer.research import sweep, sweep_points, tune_sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_lm_config.py")
@@ -132,7 +132,7 @@ def _signal(pid, sig, group=False):
 def test_asha_sweep_killed_and_rerun_keeps_finished_trials(tmp_path):
   config = _config(tmp_path)
   workdir = tmp_path / "sweep"
-  names = [sweep.point_name(p) for p in sweep.load_sweep(config)]
+  names = [sweep_points.point_name(p) for p in sweep.load_sweep(config)]
   short, long, bad, _ = (str(workdir / n) for n in names)
   cmd = [
     sys.executable, "-m", "transformer.sweep", f"--config={config}", f"--workdir={workdir}",
@@ -160,8 +160,8 @@ def test_asha_sweep_killed_and_rerun_keeps_finished_trials(tmp_path):
     wait_for(lambda: _checkpoint_steps(long))
     paused = _run_pid(long)
     os.kill(paused, signal.SIGSTOP)
-    assert not sweep.is_done(long)
-    wait_for(lambda: sweep.is_done(short))
+    assert not sweep_points.is_done(long)
+    wait_for(lambda: sweep_points.is_done(short))
     os.kill(first.pid, signal.SIGKILL)
     first.wait()
     # The Ray processes the driver started die with it (Ray ties them to it); end now what
@@ -193,7 +193,7 @@ def test_asha_sweep_killed_and_rerun_keeps_finished_trials(tmp_path):
   launches, text = _launches(long)
   assert launches == 2 and "resumed from step" in text, text
   steps = _eval_steps(long)  # the log continues at the checkpoint: no step twice
-  assert steps == sorted(set(steps)) and steps[-1] == 24 and sweep.is_done(long), steps
+  assert steps == sorted(set(steps)) and steps[-1] == 24 and sweep_points.is_done(long), steps
 
   with open(workdir / "results.csv") as f:
     rows = {r["point"]: r for r in csv.DictReader(f)}
@@ -201,13 +201,13 @@ def test_asha_sweep_killed_and_rerun_keeps_finished_trials(tmp_path):
   assert rows[names[0]]["status"] == "done" and rows[names[0]]["step"] == "4"
   assert rows[names[1]]["status"] == "done" and rows[names[1]]["step"] == "24"
   assert rows[names[2]]["status"] == "stopped early", rows  # ASHA, at its first rung
-  assert int(rows[names[2]]["step"]) < 24 and not sweep.is_done(bad)
+  assert int(rows[names[2]]["step"]) < 24 and not sweep_points.is_done(bad)
   assert float(rows[names[1]]["eval_loss"]) < float(rows[names[2]]["eval_loss"])
   table = (workdir / "results.md").read_text()
   assert f"| {names[0]} | 0.01 | 4 | done | 4 |" in table, table
   assert _size(workdir / "sweep.png") == (800, 500)
   assert _size(workdir / "curves.png") == (1200, 450)
-  assert os.path.isdir(workdir / sweep.EXPERIMENT)
+  assert os.path.isdir(workdir / sweep_points.EXPERIMENT)
 
 
 def test_seeded_search_gives_the_same_points(tmp_path, capsys):
@@ -269,7 +269,7 @@ def test_resources_the_local_instance_lacks_are_one_line(tmp_path):
   errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
   assert result.returncode == 1 and len(errors) == 1, result.stdout + result.stderr
   assert "resources per trial: TPU 4 is more than the Ray cluster has (CPU: 1" in errors[0]
-  assert not os.path.exists(tmp_path / "w" / sweep.EXPERIMENT)  # no trial started
+  assert not os.path.exists(tmp_path / "w" / sweep_points.EXPERIMENT)  # no trial started
 
 
 def test_unknown_search_space_field_is_one_line(tmp_path, capsys):

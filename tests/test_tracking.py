@@ -24,7 +24,7 @@ import pytest
 import wandb
 from fault_runs import tiny_lm_config
 
-from transformer.nn.counts import flops_per_token, param_count
+from transformer.nn.models import flops_per_token, param_count
 from transformer.train import loop as train_lib
 from transformer.train import setup, tracking
 from transformer.train.experiment import WandbConfig

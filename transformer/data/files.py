@@ -9,6 +9,7 @@ Files ending in `.gz` are decompressed transparently.
 (configs, tokenizers, IDX arrays, a truncated metrics log): a killed process leaves the
 old file or the new one, never a partial one. It takes local paths and object-storage
 URLs (`gs://bucket/...`, through `etils.epath`); `is_remote` tells them apart.
+`one_line(e)` is how a storage error is reported wherever the package reports one.
 """
 
 from __future__ import annotations
@@ -164,6 +165,13 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
     raise ValueError(f"{path}: write_idx takes uint8 arrays, got {array.dtype} {array.shape}")
   header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
   write_atomic(path, header + np.ascontiguousarray(array).tobytes())
+
+
+def one_line(e: BaseException) -> str:
+  """An error as one line: its type and its first non-empty message line (storage
+  clients' errors run to pages of response bodies and retries)."""
+  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def is_remote(path: str | os.PathLike) -> bool:

@@ -26,14 +26,14 @@ import jax
 import ml_collections
 from etils import epath
 
-from transformer.data.files import write_atomic
+from transformer.data.files import one_line, write_atomic
 from transformer.nn import lora
 from transformer.nn.models import build_model
 from transformer.tasks import EvalOptions, Run
 from transformer.train import checkpoints, experiment, setup
 from transformer.train.loop import ema_view
 from transformer.train.loop import evaluate as evaluate_loss
-from transformer.train.workdir import absolute, one_line
+from transformer.train.workdir import absolute
 
 # Fields older runs saved that no longer exist (they were for tests only): ignored.
 RETIRED_FIELDS = ("debug_inject_nan_at_step", "debug_inject_nan_in")

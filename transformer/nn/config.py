@@ -2,9 +2,12 @@
 
 `ModelConfig` is passed whole to every module; variants are derived with
 `config.replace(...)`. Named sizes from the papers live in `sizes.NAMED_SIZES`, and
-`counts.param_count` / `counts.flops_per_token` give analytic counts used for MFU. What a
-family or a position encoding adds to validation lives with it (`models.FAMILIES`,
-`positions.POSITIONS`).
+`models.param_count` / `models.flops_per_token` give analytic counts used for MFU.
+
+This module imports nothing from the package: construction checks each field's own rules.
+What a family, a position encoding, the ops or a fused kernel adds lives with it and is
+checked by `models.check(config)` (called by `build_model` and where a run reads its
+config).
 """
 
 from __future__ import annotations
@@ -18,8 +21,6 @@ NORM_POSITIONS = ("pre", "post")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 ATTENTION_IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
-CUDNN_DTYPES = ("bfloat16", "float16")  # cuDNN fused attention has no float32 kernels
-CUDNN_MAX_HEAD_DIM = 256  # Hopper and later (128 before; checked where a run starts)
 SPLASH_LANES = 128  # splash block sizes are multiples of the TPU lane count
 DTYPES = ("float32", "bfloat16", "float16")
 POOLINGS = ("cls", "mean")
@@ -142,14 +143,7 @@ def fail(field: str, value: Any, rule: str) -> NoReturn:
 
 
 def _validate(c: ModelConfig) -> None:
-  # The registries import this module (for `fail` and the type), so they load lazily.
-  from transformer.nn.models import FAMILIES
-  from transformer.nn.positions import POSITIONS
-  from transformer.ops import OPS
-
   for field, options in (
-    ("family", tuple(FAMILIES)),
-    ("position", tuple(POSITIONS)),
     ("norm", NORMS),
     ("norm_position", NORM_POSITIONS),
     ("activation", ACTIVATIONS),
@@ -157,7 +151,6 @@ def _validate(c: ModelConfig) -> None:
     ("dtype", DTYPES),
     ("pooling", POOLINGS),
     ("remat_policy", REMAT_POLICIES),
-    ("ops", tuple(OPS)),
   ):
     value = getattr(c, field)
     if not isinstance(value, str) or value not in options:
@@ -195,16 +188,10 @@ def _validate(c: ModelConfig) -> None:
     value = getattr(c, field)
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0 or value % SPLASH_LANES:
       fail(field, value, f"must be a positive multiple of {SPLASH_LANES}")
-  if c.attention_impl in ("cudnn", "splash"):
-    problem = fused_attention_problem(c, c.attention_impl)
-    if problem:
-      fail("attention_impl", c.attention_impl, f"{problem}; use 'auto'")
   if c.attention_scale is not None and not c.attention_scale > 0:
     fail("attention_scale", c.attention_scale, "must be > 0 or None (H**-0.5)")
   _validate_moe(c)
   _validate_lora(c)
-  POSITIONS[c.position](c).validate()
-  FAMILIES[c.family].validate(c)
 
 
 def _is_int(value: Any) -> bool:
@@ -251,32 +238,3 @@ def _validate_lora(c: ModelConfig) -> None:
         fail(field, patterns, f"pattern {pattern!r} is not a regular expression ({e})")
   if c.lora_rank and not c.lora_targets:
     fail("lora_targets", c.lora_targets, "must name at least one projection when lora_rank > 0")
-
-
-def fused_attention_problem(c: ModelConfig, impl: str) -> str | None:
-  """Why the fused kernel `impl` ('cudnn' or 'splash') cannot run config `c`, or None.
-
-  What the backend decides (a GPU or TPU present, cuDNN's head-dim limit before Hopper)
-  is checked where a run starts, `kernels.resolve_attention_impl`.
-  """
-  name = {"cudnn": "cuDNN attention", "splash": "splash attention"}[impl]
-  if c.attention_dropout_rate > 0.0:
-    return f"{name} has no attention dropout (attention_dropout_rate={c.attention_dropout_rate})"
-  if impl == "cudnn":
-    if c.dtype not in CUDNN_DTYPES:
-      return f"{name} needs dtype {' or '.join(CUDNN_DTYPES)}, got {c.dtype!r}"
-    if c.head_dim % 8 or c.head_dim > CUDNN_MAX_HEAD_DIM:
-      return (
-        f"{name} needs a head dim that is a multiple of 8 and <= {CUDNN_MAX_HEAD_DIM},"
-        f" got {c.head_dim}"
-      )
-  if impl == "splash" and adds_logit_bias(c):
-    return f"{name} takes no logit bias and position={c.position!r} adds one"
-  return None
-
-
-def adds_logit_bias(c: ModelConfig) -> bool:
-  """Whether the position encoding adds a bias to the attention logits (ALiBi, T5, Shaw)."""
-  from transformer.nn.positions import POSITIONS, Position
-
-  return POSITIONS[c.position].bias is not Position.bias

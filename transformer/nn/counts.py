@@ -1,7 +1,8 @@
 """Analytic parameter counts and matmul FLOPs of the model a `ModelConfig` builds.
 
-The parts every family shares are here; each family (`models.FAMILIES`) adds its own
-embeddings and heads. tests/test_param_count.py checks `param_count` against real models.
+The parts every family shares are here; each family (`nn/models/`) adds its own
+embeddings and heads, and `models.param_count` / `models.flops_per_token` sum them for a
+config. tests/test_param_count.py checks the counts against real models.
 """
 
 from __future__ import annotations
@@ -72,32 +73,3 @@ def layer_flops(c: ModelConfig, seq_len: int, cross: bool = False, moe: bool = F
 def stack_flops(c: ModelConfig, layers: int, seq_len: int, cross: bool = False) -> int:
   """Forward matmul FLOPs per token of a `Stack` of `layers` blocks (MoE layers' active)."""
   return sum(layer_flops(c, seq_len, cross, c.is_moe_layer(i)) for i in range(layers))
-
-
-def param_count(c: ModelConfig) -> int:
-  """Exact number of parameters of the model `c` builds (see tests/test_param_count.py).
-
-  LoRA adapters (`lora_rank` > 0) are not counted: this is the model they merge into
-  (`lora.merge_lora`); `lora.adapter_params(params)` counts them."""
-  from transformer.nn.models import FAMILIES  # the families import this module
-
-  return FAMILIES[c.family].param_count(c)
-
-
-def flops_per_token(
-  c: ModelConfig, seq_len: int, training: bool = True, mlm_predictions: int | None = None
-) -> float:
-  """Matmul FLOPs per token (2 per multiply-add), forward or forward+backward (x3).
-
-  Counts every projection, the feed-forward, the output logits (or classifier) and the
-  attention score and value products (4 * T * N * H per layer and token, the PaLM convention;
-  neither causal masking nor a sliding window is subtracted). Norms, softmax and elementwise
-  work are excluded. A mixture-of-experts layer counts its active FLOPs (router + top-k
-  experts, `layer_flops`).
-  `mlm_predictions`: the encoder's MLM head runs at that many of every `seq_len` positions
-  (the train step's `mlm_max_predictions`) instead of all of them.
-  """
-  from transformer.nn.models import FAMILIES  # the families import this module
-
-  forward = FAMILIES[c.family].forward_flops(c, seq_len, mlm_predictions)
-  return 3.0 * forward if training else float(forward)

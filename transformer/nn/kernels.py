@@ -23,7 +23,7 @@ broadcastable to [B, N, T, S]:
              MHA / GQA / MQA, sharded per device under a mesh; no logit bias.
   'auto'     per call: 'cudnn' on an NVIDIA GPU, 'splash' on a TPU, where the call
              allows it (on the GPU also no logit bias), else 'xla'; on the CPU 'xla'.
-             Runs resolve it once at start, `resolve_attention_impl`.
+             Runs resolve it once at start (`kernel_rules.resolve_attention_impl`).
 
 Neither fused kernel has attention dropout (refused in one line, as is a missing GPU or
 TPU, or an input the kernel rejects). Both use 'xla' where they cannot apply: weights
@@ -44,19 +44,11 @@ import jax.numpy as jnp
 from jax import lax
 
 from transformer.nn import splash
-from transformer.nn.config import (
-  CUDNN_DTYPES,
-  CUDNN_MAX_HEAD_DIM,
-  ModelConfig,
-  adds_logit_bias,
-  fused_attention_problem,
-)
+from transformer.nn.config import ATTENTION_IMPLS
+from transformer.nn.kernel_rules import call_impl
 from transformer.nn.masks import BlockBias, MaskInfo, combine_masks
 from transformer.ops import select
 from transformer.ops.causal_blocks import causal_block_attention, slice_broadcast
-
-IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
-FUSED = ("cudnn", "splash")  # the kernels a backend must provide
 
 # Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -102,15 +94,16 @@ def dot_product_attention(
   """
   if q.shape[2] % k.shape[2]:
     raise ValueError(f"query heads {q.shape[2]} must be a multiple of kv heads {k.shape[2]}")
-  if impl not in IMPLS:
-    raise ValueError(f"unknown attention impl {impl!r}; expected one of {', '.join(IMPLS)}")
+  if impl not in ATTENTION_IMPLS:
+    known = ", ".join(ATTENTION_IMPLS)
+    raise ValueError(f"unknown attention impl {impl!r}; expected one of {known}")
   use_dropout = dropout_rate > 0.0 and not deterministic
   if use_dropout and dropout_rng is None:
     raise ValueError("attention dropout needs a dropout_rng")
   kernels = select(ops)
   rate = dropout_rate if use_dropout else 0.0
   scale = q.shape[-1] ** -0.5 if scale is None else scale
-  impl = _call_impl(impl, q, k, mask, mask_info, bias, use_dropout, return_weights)
+  impl = call_impl(impl, q, k, mask, mask_info, bias, use_dropout, return_weights)
   if impl == "splash":
     block_q, block_kv = splash_blocks
     return splash.splash_attention(
@@ -134,123 +127,6 @@ def dot_product_attention(
   if blocks > 1:
     return causal_block_attention(attend, q, k, v, mask, bias, rate, dropout_rng, blocks)
   return attend(q, k, v, mask, bias, rate, dropout_rng, return_weights=return_weights)
-
-
-def resolve_attention_impl(config: ModelConfig) -> tuple[str, str]:
-  """The implementation a run of `config` uses on this backend, and why (a line to print).
-
-  'auto' becomes 'cudnn' on an NVIDIA GPU and 'splash' on a TPU where the config allows
-  it (`config.fused_attention_problem`; on the GPU also no logit bias, which cuDNN would
-  add in the compute dtype, and this GPU's head-dim limit), else 'xla' (always on the
-  CPU). An explicit 'cudnn' or 'splash' whose backend is missing is a one-line
-  `ValueError`, raised here before anything compiles. Other choices stay as configured.
-  """
-  impl, platform = config.attention_impl, jax.default_backend()
-  if impl in FUSED:
-    problem = _backend_problem(impl, platform, config.head_dim)
-    if problem:
-      raise ValueError(f"ModelConfig.attention_impl={impl!r}: {problem}; use 'auto'")
-    return impl, f"as configured, backend {platform}"
-  if impl != "auto":
-    return impl, "as configured"
-  fused = {"gpu": "cudnn", "tpu": "splash"}.get(platform)
-  if fused is None:
-    return "xla", f"auto, backend {platform}"
-  problem = fused_attention_problem(config, fused) or _backend_problem(
-    fused, platform, config.head_dim
-  )
-  if fused == "cudnn" and problem is None and adds_logit_bias(config):
-    problem = f"position={config.position!r} adds a logit bias (kept in float32 by 'xla')"
-  if problem:
-    return "xla", f"auto, backend {platform}; not {fused}: {problem}"
-  return fused, f"auto, backend {platform}"
-
-
-def _call_impl(impl, q, k, mask, mask_info, bias, use_dropout, return_weights) -> str:
-  """The implementation this call runs: 'auto' resolved for the call, a fused kernel's
-  missing backend or unsupported input refused in one line, and its fallbacks to 'xla'
-  (weights requested, cached decoding; for splash also a dense mask or a prefix)."""
-  platform = jax.default_backend()
-  if impl == "auto":
-    fused = {"gpu": "cudnn", "tpu": "splash"}.get(platform)
-    usable = fused is not None and not (fused == "cudnn" and bias is not None)
-    usable = usable and _backend_problem(fused, platform, q.shape[-1]) is None
-    if usable and _input_problem(fused, q, bias, use_dropout) is None:
-      impl = fused
-    else:
-      return "xla"
-  if impl not in FUSED:
-    return impl
-  problem = _backend_problem(impl, platform, q.shape[-1]) or _input_problem(
-    impl, q, bias, use_dropout
-  )
-  if problem:
-    raise ValueError(f"attention_impl={impl!r}: {problem}")
-  if return_weights or _decoding(mask_info, q.shape[1], k.shape[1]):
-    return "xla"
-  if impl == "splash" and (mask is not None or _has_prefix(mask_info)):
-    return "xla"
-  return impl
-
-
-def _backend_problem(impl: str, platform: str, head_dim: int) -> str | None:
-  """Why this backend cannot run the fused kernel `impl`, or None."""
-  if impl == "splash":
-    if splash.available(platform):
-      return None
-    return f"splash attention needs a TPU (Pallas), and this run's backend is {platform}"
-  capability = _cuda_capability() if platform == "gpu" else None
-  if capability is None:
-    return f"cuDNN attention needs an NVIDIA GPU, and this run's backend is {platform}"
-  if capability < (9, 0) and head_dim > 128:
-    return f"cuDNN attention before Hopper takes head dims <= 128, got {head_dim}"
-  return None
-
-
-def _input_problem(impl: str, q: jax.Array, bias, use_dropout: bool) -> str | None:
-  """Why the fused kernel `impl` cannot take this call's inputs, or None."""
-  name = {"cudnn": "cuDNN attention", "splash": "splash attention"}[impl]
-  if use_dropout:
-    return f"{name} has no attention dropout"
-  if impl == "splash" and bias is not None:
-    return f"{name} takes no logit bias"
-  h = q.shape[-1]
-  if impl == "cudnn" and jnp.dtype(q.dtype).name not in CUDNN_DTYPES:
-    return f"{name} needs {' or '.join(CUDNN_DTYPES)} inputs, got {jnp.dtype(q.dtype).name}"
-  if impl == "cudnn" and (h % 8 or h > CUDNN_MAX_HEAD_DIM):
-    return f"{name} needs a head dim that is a multiple of 8 and <= {CUDNN_MAX_HEAD_DIM}, got {h}"
-  return None
-
-
-def _cuda_capability() -> tuple[int, int] | None:
-  """The first GPU's CUDA compute capability, or None when it is not an NVIDIA GPU."""
-  try:
-    major, minor = str(jax.devices("gpu")[0].compute_capability).split(".")[:2]
-    return int(major), int(minor)
-  except (RuntimeError, AttributeError, ValueError):
-    return None
-
-
-def _starts_at_key_zero(info: MaskInfo, t: int, s: int) -> bool:
-  """Whether query 0 sits at key index 0 (q_offset 0), as the fused kernels' static masks
-  assume. Cached decoding sets q_offset to the cache index, a traced value; `nn.remat`
-  traces the 0 of a full pass as well. A traced offset counts as 0 when T == S: the cache
-  holds max_len keys, and a call whose queries fill it starts at index 0."""
-  offset = info.q_offset
-  if isinstance(offset, jax.core.Tracer):
-    return t == s
-  return int(offset) == 0
-
-
-def _has_prefix(info: MaskInfo | None) -> bool:
-  return info is not None and info.q_prefix is not None
-
-
-def _decoding(info: MaskInfo | None, t: int, s: int) -> bool:
-  """A causal or windowed mask whose query offset the fused kernels cannot take."""
-  if info is None or not (info.causal or info.window is not None):
-    return False
-  return not _starts_at_key_zero(info, t, s)
 
 
 def _cudnn_attention(q, k, v, mask, mask_info, bias, scale) -> jax.Array:

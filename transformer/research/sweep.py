@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import hashlib
 import importlib.util
 import inspect
 import io
@@ -53,6 +52,7 @@ from typing import Any
 from etils import epath
 
 from transformer.data.files import is_remote, write_atomic
+from transformer.research.sweep_points import is_done, point_name, train_command
 from transformer.train.metric_writers import (
   JSONL_NAME,
   plot_curves,
@@ -61,13 +61,9 @@ from transformer.train.metric_writers import (
   save_png,
 )
 
-DONE = "done"  # in DIR/<point>: the training run finished
-EXPERIMENT = "tune"  # DIR/tune: the Tune experiment (trial states, searcher, results)
 SEARCHES = ("grid", "random", "tpe")
 SCHEDULERS = ("fifo", "asha")
-_UNSAFE = re.compile(r"[^A-Za-z0-9_.,=+-]")
 _METRIC = re.compile(r"^[A-Za-z0-9_]+/[A-Za-z0-9_]+$")
-_MAX_NAME = 150  # longer point names are cut and end in a hash (file names stay short)
 _INSTALL = "pip install -c requirements-lock.txt -e '.[sweep]'"
 
 
@@ -133,32 +129,6 @@ def check_fields(config: Any, keys: Sequence[str], source: str) -> None:
         where = ".".join(key.split(".")[:i]) or "the config"
         raise ValueError(f"{source}: {key!r} is not a config field ({where} has no {part!r})")
       node = node[part]
-
-
-def point_name(overrides: Mapping[str, Any]) -> str:
-  """A directory name for one point: 'schedule.learning_rate=0.001,model.num_layers=4'."""
-  if not overrides:
-    return "default"
-  name = _UNSAFE.sub("_", ",".join(f"{k}={_value(v)}" for k, v in overrides.items()))
-  if len(name) > _MAX_NAME:
-    name = name[: _MAX_NAME - 13] + "-" + hashlib.sha1(name.encode()).hexdigest()[:12]
-  return name
-
-
-def _value(v: Any) -> str:
-  return ",".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
-
-
-def train_command(
-  config: str, workdir: str, overrides: Mapping[str, Any], python: str = sys.executable
-) -> list[str]:
-  """The training command line of one point (`python -m transformer.train_main ...`)."""
-  cmd = [python, "-m", "transformer.train_main", f"--config={config}", f"--workdir={workdir}"]
-  return cmd + [f"--config.{k}={_value(v)}" for k, v in overrides.items()]
-
-
-def is_done(point_dir: str) -> bool:
-  return epath.Path(point_dir, DONE).is_file()
 
 
 def final_evals(point_dir: str) -> dict[str, dict[str, Any]]:

@@ -59,7 +59,7 @@ from ray.tune.schedulers import AsyncHyperBandScheduler
 from ray.tune.search.sample import Domain
 
 from transformer.data.files import is_remote, write_atomic
-from transformer.research.sweep import DONE, EXPERIMENT, is_done, point_name, train_command
+from transformer.research.sweep_points import DONE, EXPERIMENT, is_done, point_name, train_command
 from transformer.train.metric_writers import JSONL_NAME, read_jsonl
 
 PID_FILE = "sweep_trial.json"  # in DIR/<point>: the host and pid of the running training run

@@ -26,7 +26,7 @@ import numpy as np
 from transformer.data.config import IMAGE_SOURCES, DataConfig
 from transformer.data.datasets import DataInfo
 from transformer.data.spec import DataSpec
-from transformer.nn import counts, moe
+from transformer.nn import models, moe
 from transformer.nn.config import ModelConfig
 
 Batch = Mapping[str, jax.Array]
@@ -177,7 +177,7 @@ class Task(abc.ABC):
   def flops_per_count(self, model: ModelConfig, info: DataInfo) -> float:
     """Training matmul FLOPs (forward + backward) per unit `count` counts, for MFU: per
     token of rows of `info.target_seq_len` tokens (the target side for seq2seq)."""
-    return counts.flops_per_token(model, info.target_seq_len)
+    return models.flops_per_token(model, info.target_seq_len)
 
   # Evaluations ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ import grain
 from transformer.data import pipeline
 from transformer.data.config import DataConfig
 from transformer.data.spec import I32, DataContext, DataSpec
-from transformer.nn import counts
+from transformer.nn import models
 from transformer.nn.config import ModelConfig
 from transformer.tasks import evals
 from transformer.tasks.base import fail
@@ -99,7 +99,7 @@ class TextClassification(Classifying):
     }
 
   def flops_per_count(self, model, info) -> float:  # a classifier head, not the MLM head
-    return counts.flops_per_token(model, info.seq_len, mlm_predictions=0)
+    return models.flops_per_token(model, info.seq_len, mlm_predictions=0)
 
   def text_batch(self, tokenizer, text: str, max_len: int):
     return evals.text_batch(tokenizer, text, max_len)

@@ -13,7 +13,7 @@ import grain
 from transformer.data import pipeline
 from transformer.data.config import IMAGE_SOURCES, DataConfig
 from transformer.data.spec import F32, I32, DataContext, DataSpec
-from transformer.nn import counts
+from transformer.nn import models
 from transformer.nn.config import ModelConfig
 from transformer.tasks.base import fail
 from transformer.tasks.labels import Classifying, labels_and_weights
@@ -66,7 +66,7 @@ class ImageClassification(Classifying):
 
   def flops_per_count(self, model, info) -> float:  # per image: its patches (and [CLS])
     tokens = model.num_patches + (model.pooling == "cls")
-    return counts.flops_per_token(model, tokens) * tokens
+    return models.flops_per_token(model, tokens) * tokens
 
   def attention_masks(self, batch):
     return lambda name: (None, None)

@@ -18,7 +18,7 @@ import numpy as np
 from transformer.data import masking, pipeline
 from transformer.data.config import DataConfig
 from transformer.data.spec import DataContext, DataSpec
-from transformer.nn import counts
+from transformer.nn import models
 from transformer.nn.config import ModelConfig
 from transformer.tasks import evals
 from transformer.tasks.base import Task, fail
@@ -92,7 +92,7 @@ class MaskedLanguageModeling(Task):
     }
 
   def flops_per_count(self, model, info) -> float:
-    return counts.flops_per_token(model, info.seq_len, mlm_predictions=self.max_predictions)
+    return models.flops_per_token(model, info.seq_len, mlm_predictions=self.max_predictions)
 
   def check_batch(self, batch) -> None:
     if self.max_predictions is None:

@@ -60,6 +60,8 @@ from typing import Any
 
 import jax
 
+from transformer.data.files import one_line
+
 _EXPLICIT = ("TRANSFORMER_COORDINATOR", "TRANSFORMER_NUM_PROCESSES", "TRANSFORMER_PROCESS_ID")
 DEFAULT_TIMEOUT_S = 180  # seconds without a peer's heartbeat before it counts as lost
 LOST_PEER_STATUS = 75  # exit status of the survivors of a lost process (EX_TEMPFAIL)
@@ -71,11 +73,6 @@ PER_HOST_FIELDS = ("compilation_cache_dir",)  # config fields that may differ by
 def _fail(message: str) -> None:
   print(f"error: {message}", file=sys.stderr, flush=True)
   sys.exit(1)
-
-
-def _one_line(e: BaseException) -> str:
-  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _explicit_arguments(coordinator: str) -> dict:
@@ -125,7 +122,7 @@ def maybe_initialize(config: Any = None, workdir: str | None = None) -> None:
       jax.distributed.initialize(**arguments, **timeouts)
     except Exception as e:  # the coordinator never answered, or a peer never came
       _fail(f"could not start the {arguments['num_processes']} processes through the "
-            f"coordinator {coordinator}: {_one_line(e)}")  # fmt: skip
+            f"coordinator {coordinator}: {one_line(e)}")  # fmt: skip
   else:
     try:
       jax.distributed.initialize(**timeouts)  # Cloud TPU / Slurm auto-detection
@@ -203,7 +200,7 @@ def check_same_config(config: Any, workdir: str | None) -> None:
       text = g.client.blocking_key_value_get(f"{_KEYS}/config/{index}", g.timeout * 1000)
     except Exception as e:
       _fail(f"process {index} of {g.count} did not publish its config within {g.timeout}s "
-            f"(config.distributed_timeout_s): {_one_line(e)}")  # fmt: skip
+            f"(config.distributed_timeout_s): {one_line(e)}")  # fmt: skip
     configs.append(json.loads(text))
   differences = config_differences(configs)
   if differences:
@@ -224,19 +221,10 @@ def last_good_checkpoint(directory: Any) -> str:
   bounded to a few seconds (the storage may be what failed)."""
   if directory is None:
     return "unknown (no workdir given)"
-  found: list[Any] = []
+  from transformer.train.checkpoints import describe_latest  # orbax: only on this path
 
-  def look() -> None:
-    from transformer.train.checkpoints import committed_steps
-
-    found.append(committed_steps(directory))
-
-  reader = threading.Thread(target=look, name="last-good-checkpoint", daemon=True)
-  reader.start()
-  reader.join(5.0)
-  if not found:
-    return f"unknown ({directory} did not answer within 5s)"
-  return f"step {max(found[0])} in {directory}" if found[0] else f"none in {directory}"
+  latest = describe_latest(directory, seconds=5.0)
+  return latest if latest.startswith("unknown") else f"{latest} in {directory}"
 
 
 @dataclasses.dataclass
@@ -404,7 +392,7 @@ def watching(checkpoint_dir: Any) -> Iterator[None]:
   try:
     yield
   except BaseException as e:
-    g.leave(_one_line(e))
+    g.leave(one_line(e))
     raise
   g.leave(None)
 

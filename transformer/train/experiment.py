@@ -33,6 +33,7 @@ from ml_collections import config_dict
 from transformer import tasks
 from transformer.convert import sources
 from transformer.data.config import DataConfig
+from transformer.nn import models
 from transformer.nn.config import ModelConfig
 from transformer.nn.partitioning import MESH_AXES, RULES
 from transformer.train import optimizer as optimizer_lib
@@ -407,6 +408,10 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   if classes_from_data:
     model_fields["num_classes"] = 1
   model = convert(ModelConfig, model_fields, "model.")
+  try:
+    models.check(model)  # the family's, position's, ops' and kernels' rules
+  except ValueError as e:
+    raise ValueError(f"config.model: {e}") from None
   task.check(model, data)
 
   optimizer = convert(optimizer_lib.OptimizerConfig, _as_dict(config.optimizer), "optimizer.")

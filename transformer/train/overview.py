@@ -2,7 +2,7 @@
 
 One row per module (a parameter's path without its last name): the shapes of its
 parameters, their count and bytes; then the totals. The total count equals
-`transformer.nn.counts.param_count` of the model's config (tests/test_console.py).
+`transformer.nn.models.param_count` of the model's config (tests/test_console.py).
 
   | module                 | parameters                      |  count |   bytes |
   | decoder/layers_0/mlp/wi | kernel [128, 512], bias [512]  | 66,048 | 258.0 KiB |

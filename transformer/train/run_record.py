@@ -59,7 +59,7 @@ from typing import Any
 
 from etils import epath
 
-from transformer.data.files import is_remote, write_atomic
+from transformer.data.files import is_remote, one_line, write_atomic
 from transformer.train.machine import ISA_FLAGS, cpu_info, load_average  # noqa: F401  (ISA_FLAGS: re-export)
 
 RUNS_NAME = "runs.jsonl"
@@ -132,11 +132,6 @@ def _json_value(value: Any) -> Any:
   except (TypeError, ValueError):
     return repr(value)
   return number if math.isfinite(number) else None
-
-
-def _one_line(e: BaseException) -> str:
-  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _jax_facts() -> dict[str, Any]:
@@ -258,7 +253,7 @@ class RunRecord:
       else {k: _json_value(v) for k, v in sorted(metrics.items())},
     }
     if error is not None:
-      record["error"] = _one_line(error)
+      record["error"] = one_line(error)
     return record
 
   def finish(
@@ -285,7 +280,7 @@ class RunRecord:
       self.written = record
       return record
     except Exception as e:  # a run record must never cost the run
-      self._warn(f"warning: run record not written to {self.path}: {_one_line(e)}")
+      self._warn(f"warning: run record not written to {self.path}: {one_line(e)}")
       return None
 
 

@@ -22,7 +22,7 @@ from transformer.data.datasets import DataInfo, make_datasets
 from transformer.data.files import write_atomic
 from transformer.nn import lora, partitioning
 from transformer.nn.config import ModelConfig
-from transformer.nn.kernels import resolve_attention_impl
+from transformer.nn.kernel_rules import resolve_attention_impl
 from transformer.nn.models import build_model
 from transformer.tasks import Task
 from transformer.train import finetune

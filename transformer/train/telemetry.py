@@ -1,7 +1,7 @@
 """What the training loop measures besides the metrics: MFU, compiled memory, a profile.
 
 MFU (model FLOPs utilisation) = model FLOP/s / (peak FLOP/s per device x devices). The
-model FLOPs are the analytic matmul count of `transformer.nn.counts.flops_per_token`
+model FLOPs are the analytic matmul count of `transformer.nn.models.flops_per_token`
 (forward + backward, 3x the forward; attention scores included, causal masking not
 subtracted: the PaLM convention), times the tokens the step consumed. The peak comes
 from `config.peak_flops` if set, else from `PEAK_FLOPS` for the device kind and compute

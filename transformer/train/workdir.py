@@ -21,7 +21,7 @@ import uuid
 import jax
 from etils import epath
 
-from transformer.data.files import is_remote
+from transformer.data.files import is_remote, one_line
 
 LOCK_FILE = "run.lock"
 _UNREADABLE_AFTER_S = 5.0  # an unreadable lock file older than this is stale
@@ -35,12 +35,6 @@ def absolute(workdir: str | os.PathLike) -> str:
   if is_remote(workdir):
     return workdir.rstrip("/")
   return os.path.abspath(os.path.expanduser(workdir))
-
-
-def one_line(e: BaseException) -> str:
-  """A storage error as one line: its type and its first non-empty message line."""
-  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def prepare_workdir(workdir: str) -> str:

@@ -50,6 +50,7 @@ from transformer.train.checkpoints.manager import (
   CheckpointWriteError,
   Restored,
   committed_steps,
+  describe_latest,
   partial_writes,
 )
 from transformer.train.checkpoints.serialisation import config_to_json, write_config
@@ -61,6 +62,7 @@ __all__ = [
   "CorruptCheckpointWarning",
   "Restored",
   "committed_steps",
+  "describe_latest",
   "config_to_json",
   "partial_writes",
   "write_config",

@@ -23,6 +23,7 @@ from etils import epath
 from grain import checkpoint as grain_checkpoint
 from orbax.checkpoint import checkpoint_managers
 
+from transformer.data.files import one_line
 from transformer.train.checkpoints import integrity, serialisation
 
 STATE, DATA, CONFIG, CHECKSUMS = "state", "data", "config", "checksums"
@@ -75,7 +76,7 @@ def describe_latest(directory: str | epath.PathLike, seconds: float = 10.0) -> s
   if not found:
     return f"unknown ({directory} did not answer within {seconds:g}s)"
   if isinstance(found[0], Exception):
-    return f"unknown ({_one_line(found[0])})"
+    return f"unknown ({one_line(found[0])})"
   return f"step {max(found[0])}" if found[0] else "none"
 
 
@@ -87,7 +88,7 @@ class _OneLineOrbaxErrors(logging.Filter):
     if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
       error = record.exc_info[1]
       message = record.getMessage().splitlines()[0][:200]
-      record.msg, record.args = f"{message} ({_one_line(error)})" if error else message, ()
+      record.msg, record.args = f"{message} ({one_line(error)})" if error else message, ()
       record.exc_info = record.exc_text = None
     return True
 
@@ -96,11 +97,6 @@ def _quiet_orbax_tracebacks() -> None:
   absl_logger = logging.getLogger("absl")  # orbax logs through absl
   if not any(isinstance(f, _OneLineOrbaxErrors) for f in absl_logger.filters):
     absl_logger.addFilter(_OneLineOrbaxErrors())
-
-
-def _one_line(e: BaseException) -> str:
-  lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-  return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 class _DataState:
@@ -301,10 +297,10 @@ class CheckpointManager:
           if step is None or path.name.split(".")[0] == str(step):
             path.rmtree(missing_ok=True)
       except Exception as e:  # the storage is still failing: the next run sweeps it
-        logging.warning("could not remove the partial checkpoint write: %s", _one_line(e))
+        logging.warning("could not remove the partial checkpoint write: %s", one_line(e))
     what = f"checkpoint step {step}" if step is not None else "a checkpoint"
     raise CheckpointWriteError(
-      f"{what} could not be written to {self._directory} ({_one_line(error)}); it was not "
+      f"{what} could not be written to {self._directory} ({one_line(error)}); it was not "
       f"committed, and the latest complete checkpoint is {describe_latest(self._directory)} "
       "(kept). Free space or restore access to the storage, then rerun the same command to "
       "resume from it"
