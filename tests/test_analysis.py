@@ -20,7 +20,7 @@ from transformer import tasks
 from transformer.data.tokenizers import CharTokenizer
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
-from transformer.research import analysis, plots, sweep, sweep_points
+from transformer.research import analysis, plots, sweep, sweep_points, sweep_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_lm_config.py")
@@ -198,7 +198,7 @@ def test_sweep_runs_unfinished_points_resumes_and_tabulates(tmp_path):
   assert "learning_rate=0.001: finished before, not run again" in result.stdout
   assert not os.path.exists(os.path.join(first, "train.log"))  # never launched
   assert os.path.isfile(os.path.join(second, sweep_points.DONE))
-  assert sweep.final_eval(second)["step"] == 3
+  assert sweep_results.final_eval(second)["step"] == 3
   with open(tmp_path / "results.csv") as f:
     rows = list(csv.DictReader(f))
   assert [r["schedule.learning_rate"] for r in rows] == ["0.001", "0.003"]

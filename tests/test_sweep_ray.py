@@ -24,7 +24,7 @@ import pytest
 from PIL import Image
 from session_env import PATIENCE_S, xla_flags
 
-from transformer.research import sweep, sweep_points, tune_sweep
+from transformer.research import sweep, sweep_points, trial_run, tune_sweep
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(REPO, "tests", "tiny_lm_config.py")
@@ -112,7 +112,7 @@ def _eval_steps(point_dir):
 
 
 def _run_pid(point_dir):
-  with open(os.path.join(point_dir, tune_sweep.PID_FILE), encoding="utf-8") as f:
+  with open(os.path.join(point_dir, trial_run.PID_FILE), encoding="utf-8") as f:
     return json.load(f)["pid"]
 
 
@@ -303,7 +303,7 @@ def test_unreachable_address_is_one_line(tmp_path, capsys):
 
 def test_metrics_tail_reads_new_records_and_a_replaced_file(tmp_path):
   path = tmp_path / "metrics.jsonl"
-  tail = tune_sweep.MetricsTail(str(path))
+  tail = trial_run.MetricsTail(str(path))
   assert tail.read() == []
   path.write_text('{"step": 2, "split": "eval", "loss": 4.0}\n{"step": 3, "spl')
   assert tail.read() == [{"step": 2, "split": "eval", "loss": 4.0}]  # the partial line waits
@@ -319,7 +319,7 @@ def test_metrics_tail_reads_new_records_and_a_replaced_file(tmp_path):
 def test_trial_reports_each_evaluation_once(tmp_path):
   settings = dict(config="c.py", workdir=str(tmp_path), common={}, num_train_steps=4,
                   cwd=str(tmp_path), metric="eval/loss", shared_accelerator=False)  # fmt: skip
-  run = tune_sweep.TrialRun({"point": {"a": 1}, "sweep": settings})
+  run = trial_run.TrialRun({"point": {"a": 1}, "sweep": settings})
   os.makedirs(run.workdir)
   records = [
     {"step": 2, "split": "train", "loss": 4.5},
@@ -334,7 +334,7 @@ def test_trial_reports_each_evaluation_once(tmp_path):
   assert run.pending[0]["eval/loss"] == 4.0 and run.pending[0]["train/loss"] == 4.5
   assert run.pending[1]["eval_ema/loss"] == 4.1
   # A restarted trial (state from its Tune checkpoint) reads the log again: only new ones.
-  again = tune_sweep.TrialRun({"point": {"a": 1}, "sweep": settings})
+  again = trial_run.TrialRun({"point": {"a": 1}, "sweep": settings})
   again.restore(run.state())
   with open(os.path.join(run.workdir, "metrics.jsonl"), "a") as f:
     f.write(json.dumps(records[3]) + "\n")
@@ -342,7 +342,7 @@ def test_trial_reports_each_evaluation_once(tmp_path):
   assert len(again.pending) == 1 and again.pending[0]["step"] == 4
   assert again.pending[0]["eval/loss"] != again.pending[0]["eval/loss"]  # null -> NaN
   # A metric the run never logs: the trial fails naming it and what there is.
-  typo = tune_sweep.TrialRun({"point": {"a": 1}, "sweep": {**settings, "metric": "eval/bleu"}})
+  typo = trial_run.TrialRun({"point": {"a": 1}, "sweep": {**settings, "metric": "eval/bleu"}})
   typo.finished_before = True
   typo._pull()
   assert not typo.pending

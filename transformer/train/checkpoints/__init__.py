@@ -39,21 +39,23 @@ Rules on top of orbax:
     error and the latest complete checkpoint, which is kept; its partial folder is removed.
 
 Modules:
-  manager        `CheckpointManager` (save / restore / best / fallback) and `Restored`
+  manager        `CheckpointManager` (save / restore / best / fallback)
+  storage        committed steps, partial writes, `CheckpointWriteError`, one-line orbax logs
+  data_state     the data-iterator states (per process, or one legacy JSON) and `Restored`
   integrity      CRC32 checksums, their verification, moving a corrupt step aside
   serialisation  tree paths, the target comparison and its message, config as JSON
 """
 
+from transformer.train.checkpoints.data_state import Restored
 from transformer.train.checkpoints.integrity import CORRUPT_DIR, CorruptCheckpointWarning
-from transformer.train.checkpoints.manager import (
-  CheckpointManager,
+from transformer.train.checkpoints.manager import CheckpointManager
+from transformer.train.checkpoints.serialisation import config_to_json, write_config
+from transformer.train.checkpoints.storage import (
   CheckpointWriteError,
-  Restored,
   committed_steps,
   describe_latest,
   partial_writes,
 )
-from transformer.train.checkpoints.serialisation import config_to_json, write_config
 
 __all__ = [
   "CORRUPT_DIR",

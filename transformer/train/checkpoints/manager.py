@@ -1,18 +1,15 @@
 """`CheckpointManager`: orbax's `CheckpointManager` with our retention, save and restore rules.
 
 See the package docstring for the rules; integrity checks live in `integrity`, tree and
-config serialisation in `serialisation`.
+config serialisation in `serialisation`, what a checkpoint folder holds and how its
+failures read in `storage`, the data-iterator states in `data_state`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
-import os
-import re
-import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, NoReturn
 
@@ -23,135 +20,16 @@ from etils import epath
 from grain import checkpoint as grain_checkpoint
 from orbax.checkpoint import checkpoint_managers
 
-from transformer.data.files import one_line
-from transformer.train.checkpoints import integrity, serialisation
+from transformer.train.checkpoints import integrity, serialisation, storage
+from transformer.train.checkpoints.data_state import (
+  LEGACY_DATA_FILE,
+  DataState,
+  Restored,
+  data_problem,
+  data_processes,
+)
 
 STATE, DATA, CONFIG, CHECKSUMS = "state", "data", "config", "checksums"
-LEGACY_DATA_FILE = "metadata"  # the data item of checkpoints written with one JSON state
-_DATA_FILE = re.compile(r"process_(\d+)-of-(\d+)\.json")  # grain's file per process
-_PARTIAL_LOCAL = re.compile(r"(\d+)\.orbax-checkpoint-tmp.*")  # a local write in progress
-
-
-class CheckpointWriteError(RuntimeError):
-  """A checkpoint could not be written (disk full, storage unreachable, ...); it was not
-  committed, and the previous checkpoints are kept."""
-
-
-def committed_steps(directory: str | epath.PathLike) -> list[int]:
-  """The steps in `directory` whose write was committed, by orbax's rule: the temporary
-  folder renamed to `<step>` (local disks), `<step>/commit_success.txt` written last
-  (object storage, no atomic rename). Partial writes are never listed."""
-  return sorted(ocp.path.step.checkpoint_steps(directory))
-
-
-def partial_writes(directory: str | epath.PathLike) -> list[epath.Path]:
-  """Folders of checkpoint writes that never committed: `<step>.orbax-checkpoint-tmp-*`
-  (local), `<step>/` without `commit_success.txt` (object storage)."""
-  directory = epath.Path(directory)
-  if not directory.exists():
-    return []
-  found = []
-  for path in directory.iterdir():
-    if _PARTIAL_LOCAL.fullmatch(path.name):
-      found.append(path)
-    elif path.name.isdigit() and not ocp.path.step.is_path_finalized(path):
-      found.append(path)
-  return sorted(found, key=lambda p: p.name)
-
-
-def describe_latest(directory: str | epath.PathLike, seconds: float = 10.0) -> str:
-  """'step N' (the newest committed step) or 'none', read within `seconds` (the storage
-  may be what failed): else 'unknown (...)'."""
-  found: list[Any] = []
-
-  def read() -> None:
-    try:
-      found.append(committed_steps(directory))
-    except Exception as e:  # the storage failed again: say so
-      found.append(e)
-
-  reader = threading.Thread(target=read, name="checkpoint-listing", daemon=True)
-  reader.start()
-  reader.join(seconds)
-  if not found:
-    return f"unknown ({directory} did not answer within {seconds:g}s)"
-  if isinstance(found[0], Exception):
-    return f"unknown ({one_line(found[0])})"
-  return f"step {max(found[0])}" if found[0] else "none"
-
-
-class _OneLineOrbaxErrors(logging.Filter):
-  """Orbax's own error records (a failed write, logged with its traceback from each thread
-  it crosses) as one line each: `CheckpointWriteError` says what happened."""
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    if record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname:
-      error = record.exc_info[1]
-      message = record.getMessage().splitlines()[0][:200]
-      record.msg, record.args = f"{message} ({one_line(error)})" if error else message, ()
-      record.exc_info = record.exc_text = None
-    return True
-
-
-def _quiet_orbax_tracebacks() -> None:
-  absl_logger = logging.getLogger("absl")  # orbax logs through absl
-  if not any(isinstance(f, _OneLineOrbaxErrors) for f in absl_logger.filters):
-    absl_logger.addFilter(_OneLineOrbaxErrors())
-
-
-class _DataState:
-  """A data-iterator state as grain's orbax handler saves and restores it: `get_state()`
-  gives the bytes of this process's file, `set_state` takes them back.
-
-  The state is taken when `save` is called (an asynchronous write must not read an
-  iterator that has moved on), so this stands in for the iterator itself.
-  """
-
-  def __init__(self, state: Any = None):
-    self.state = state
-
-  def get_state(self) -> bytes:
-    return json.dumps(self.state, indent=1).encode()
-
-  def set_state(self, state: bytes) -> None:
-    self.state = json.loads(state.decode())
-
-  def start_prefetch(self) -> None:
-    """Called by grain's handler after `set_state`; there is nothing to prefetch."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Restored:
-  """What `CheckpointManager.restore` returns."""
-
-  step: int  # the checkpoint's step
-  state: Any  # the train state, structured like the target
-  data_state: dict[str, Any] | None  # this process's data-iterator state, if it was saved
-  # (None also when the checkpoint's data states are those of another process count)
-  config: dict[str, Any] | None  # the config, if it was saved
-  data_processes: int | None = None  # processes whose data states the checkpoint holds;
-  # None: no data state, or one JSON state of a checkpoint from before per-process states
-  directory: str = ""  # the checkpoint root it came from
-
-  def resumable_data_state(self) -> dict[str, Any] | None:
-    """The data state this run continues from; ValueError when the checkpoint's data
-    position cannot be continued exactly by `jax.process_count()` processes."""
-    count = jax.process_count()
-    where = f"checkpoint step {self.step} in {self.directory}"
-    if self.data_processes is not None and self.data_processes != count:
-      raise ValueError(
-        f"{where} holds the data-iterator states of {self.data_processes} processes and this "
-        f"run has {count}: each process resumes its own shard of the data, so a different "
-        f"process count would continue on shifted examples; resume with "
-        f"{self.data_processes} processes (or start a new workdir)"
-      )
-    if self.data_processes is None and self.data_state is not None and count > 1:
-      raise ValueError(
-        f"{where} holds one data-iterator state for all processes (written before states "
-        f"were saved per process), which resumes exactly on one process only and this run "
-        f"has {count}; resume it with one process"
-      )
-    return self.data_state
 
 
 class CheckpointManager:
@@ -230,7 +108,7 @@ class CheckpointManager:
     self._writing: int | None = None  # the step of the asynchronous write in flight
     self._last_write: int | None = None  # the step of the last write started
     self._failed = False  # a write failed (reported once)
-    _quiet_orbax_tracebacks()
+    storage.quiet_orbax_tracebacks()
     self._swept = False  # partial writes of earlier runs removed (at the first save)
 
   @property
@@ -251,7 +129,7 @@ class CheckpointManager:
     """Blocks until pending asynchronous saves (and old-step cleanup) are done.
 
     Raises:
-      CheckpointWriteError: the write in flight failed (one line: the step, the storage
+      storage.CheckpointWriteError: the write in flight failed (one line: the step, the storage
         error, the latest complete checkpoint); its partial folder is removed.
     """
     try:
@@ -262,11 +140,11 @@ class CheckpointManager:
     self._writing = None
 
   def close(self) -> None:
-    """Waits for the write in flight and closes; `CheckpointWriteError` as in `wait`."""
+    """Waits for the write in flight and closes; `storage.CheckpointWriteError` as in `wait`."""
     failed = None
     try:
       self.wait_until_finished()
-    except CheckpointWriteError as e:
+    except storage.CheckpointWriteError as e:
       failed = e
     try:
       self._manager.close()  # its metadata writes may fail too: the same step
@@ -282,36 +160,22 @@ class CheckpointManager:
   def __exit__(self, kind: Any, *exc: Any) -> None:
     try:
       self.close()
-    except CheckpointWriteError as e:
+    except storage.CheckpointWriteError as e:
       if kind is None:
         raise
       logging.error("%s", e)  # another error is on its way: do not replace it
 
   def _write_failed(self, step: int | None, error: BaseException) -> NoReturn:
-    """Raises `CheckpointWriteError` for the failed write of `step`, after removing what
-    it left (best effort: the storage may still be failing)."""
+    """Raises `CheckpointWriteError` for the failed write of `step` (`storage.write_failed`)."""
     self._writing, self._failed = None, True
-    if jax.process_index() == 0:
-      try:
-        for path in partial_writes(self._directory):
-          if step is None or path.name.split(".")[0] == str(step):
-            path.rmtree(missing_ok=True)
-      except Exception as e:  # the storage is still failing: the next run sweeps it
-        logging.warning("could not remove the partial checkpoint write: %s", one_line(e))
-    what = f"checkpoint step {step}" if step is not None else "a checkpoint"
-    raise CheckpointWriteError(
-      f"{what} could not be written to {self._directory} ({one_line(error)}); it was not "
-      f"committed, and the latest complete checkpoint is {describe_latest(self._directory)} "
-      "(kept). Free space or restore access to the storage, then rerun the same command to "
-      "resume from it"
-    ) from error
+    raise storage.write_failed(self._directory, step, error) from error
 
   def _sweep_partial_writes(self) -> None:
     """Removes the partial writes of earlier runs (killed, or stopped by a failed write);
     at the first save of a run, which holds the workdir's lock, so no write is in flight."""
     self._swept = True
     if jax.process_index() == 0:
-      for path in partial_writes(self._directory):
+      for path in storage.partial_writes(self._directory):
         logging.warning("removing the partial checkpoint write %s (never committed)", path)
         path.rmtree(missing_ok=True)
     if jax.process_count() > 1:
@@ -344,7 +208,7 @@ class CheckpointManager:
       items[CHECKSUMS] = ocp.args.JsonSave(integrity.checksums(state))
     if data_state is not None:
       position = serialisation.json_roundtrip("data_state", data_state)
-      items[DATA] = grain_checkpoint.CheckpointSave(_DataState(position))
+      items[DATA] = grain_checkpoint.CheckpointSave(DataState(position))
     if config is not None:
       items[CONFIG] = ocp.args.JsonSave(serialisation.config_to_json(config))
     metrics = _check_metrics(metrics, self._best_metric)
@@ -405,7 +269,7 @@ class CheckpointManager:
       ValueError: the checkpoint's tree does not match `target` (naming the paths), or
         `step` is not a saved step, or the checkpoint at the given `step` is corrupt.
     """
-    target = _with_default_shardings(target)
+    target = serialisation.with_default_shardings(target)
     if step is not None:
       if not _is_int(step) or step not in self.all_steps():
         raise ValueError(f"step must be one of the saved steps {self.all_steps()}; got {step!r}")
@@ -459,15 +323,15 @@ class CheckpointManager:
     item, rebuild = serialisation.restorable(metadata, target)
     step_dir = self._directory / str(step)
     legacy = (step_dir / DATA / LEGACY_DATA_FILE).exists()
-    processes = None if legacy else _data_processes(step_dir / DATA)
+    processes = None if legacy else data_processes(step_dir / DATA)
     read_data = processes == jax.process_count()  # other counts: see `resumable_data_state`
-    integrity.agree(_data_problem(step_dir / DATA, legacy, read_data))
+    integrity.agree(data_problem(step_dir / DATA, legacy, read_data))
     items = {STATE: ocp.args.StandardRestore(item)}
     for name in (CHECKSUMS, CONFIG):
       if (step_dir / name).exists():
         items[name] = ocp.args.JsonRestore()
     if read_data:
-      items[DATA] = grain_checkpoint.CheckpointRestore(_DataState())
+      items[DATA] = grain_checkpoint.CheckpointRestore(DataState())
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(**items))
     except Exception as error:
@@ -499,32 +363,6 @@ class CheckpointManager:
       raise integrity.Corrupt(f"state arrays unreadable: {type(e).__name__}: {e}") from e
 
 
-def _data_processes(data_dir: epath.Path) -> int | None:
-  """How many processes saved the per-process data states in `data_dir` (None: none)."""
-  if not data_dir.exists():
-    return None
-  counts = {int(m.group(2)) for p in data_dir.iterdir() if (m := _DATA_FILE.fullmatch(p.name))}
-  if len(counts) != 1:
-    found = sorted(p.name for p in data_dir.iterdir())
-    raise integrity.Corrupt(f"item 'data' holds no consistent set of process states: {found}")
-  return counts.pop()
-
-
-def _data_problem(data_dir: epath.Path, legacy: bool, read_data: bool) -> str | None:
-  """What is wrong with the data state this process will read, or None."""
-  if legacy:
-    path = data_dir / LEGACY_DATA_FILE
-  elif read_data:
-    path = data_dir / f"process_{jax.process_index()}-of-{jax.process_count()}.json"
-  else:
-    return None
-  try:
-    json.loads(path.read_text())
-  except Exception as e:
-    return f"item 'data' unreadable: {type(e).__name__}: {e}"
-  return None
-
-
 def _is_int(x: Any) -> bool:
   return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
@@ -551,17 +389,3 @@ def _check_metrics(metrics: Mapping[str, float] | None, best_metric: str | None)
     return {str(k): float(v) for k, v in metrics.items()}
   except (TypeError, ValueError) as e:
     raise ValueError(f"metrics values must be numbers: {e}") from e
-
-
-def _with_default_shardings(target: Any) -> Any:
-  def fill(leaf: Any) -> Any:
-    if isinstance(leaf, (int, float)) or getattr(leaf, "sharding", None) is not None:
-      return leaf
-    if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
-      raise ValueError(f"target leaves must be ShapeDtypeStructs, arrays or numbers; got {leaf!r}")
-    if jax.process_count() > 1:
-      raise ValueError("on several processes every target leaf needs a sharding")
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device)
-
-  return jax.tree.map(fill, target)

@@ -165,3 +165,20 @@ def write_config(
   if jax.process_index() == 0:
     write_atomic(path, text + "\n")
   return path
+
+
+def with_default_shardings(target: Any) -> Any:
+  """A restore target whose leaves without a sharding get this process's first device (on
+  one process; several processes need every sharding given)."""
+
+  def fill(leaf: Any) -> Any:
+    if isinstance(leaf, (int, float)) or getattr(leaf, "sharding", None) is not None:
+      return leaf
+    if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+      raise ValueError(f"target leaves must be ShapeDtypeStructs, arrays or numbers; got {leaf!r}")
+    if jax.process_count() > 1:
+      raise ValueError("on several processes every target leaf needs a sharding")
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device)
+
+  return jax.tree.map(fill, target)
