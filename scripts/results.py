@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import shlex
@@ -38,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from etils import epath
+
+from transformer.data.files import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "scripts" / "results.toml"
@@ -134,21 +135,6 @@ def _path(root: Path, value: str) -> epath.Path:
   return epath.Path(root / value)
 
 
-def _read_jsonl(path: epath.Path) -> list[dict[str, Any]]:
-  """The JSON objects of a .jsonl file ([] if it does not exist; bad lines skipped)."""
-  if not path.exists():
-    return []
-  out = []
-  for line in path.read_text(encoding="utf-8").splitlines():
-    try:
-      record = json.loads(line)
-    except ValueError:
-      continue
-    if isinstance(record, dict):
-      out.append(record)
-  return out
-
-
 def pick_run(records: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
   """The invocation the page reports: the last one that completed after training steps,
   else the last one that trained any, else the last one; None without records."""
@@ -192,14 +178,14 @@ def collect(recipe: Recipe, root: Path) -> Result:
   workdir = _path(root, recipe.workdir)
   if not workdir.is_dir():
     return Result(recipe, ran=False)
-  runs = _read_jsonl(workdir / RUNS_NAME)
+  runs = read_jsonl(workdir / RUNS_NAME)
   curves = workdir / CURVES_NAME
   return Result(
     recipe,
     ran=True,
     run=pick_run(runs),
     legs=len(runs),
-    metrics=final_metrics(_read_jsonl(workdir / METRICS_NAME), recipe.split),
+    metrics=final_metrics(read_jsonl(workdir / METRICS_NAME), recipe.split),
     curves=curves.read_bytes() if curves.exists() else None,
   )
 

@@ -27,6 +27,7 @@ from transformer.eval.evaluate import evaluate
 from transformer.nn import tree
 from transformer.train import experiment, finetune, losses, setup
 from transformer.train import loop as train_lib
+from transformer.train import pretrained as pretrained_lib
 
 DIGITS = dict(image=8, patch=4, channels=1, d=32, heads=2, layers=1, mlp=64)  # tiny()'s sizes
 
@@ -72,7 +73,7 @@ def test_two_steps_start_from_the_checkpoint_and_evaluate_without_it(tmp_path, c
   assert first["step"] == 1
   np.testing.assert_allclose(first["loss"], float(loss_sum / weight_sum), rtol=1e-5)
 
-  record = json.loads(Path(workdir, experiment.PRETRAINED_RECORD).read_text())
+  record = json.loads(Path(workdir, pretrained_lib.RECORD).read_text())
   assert record["init_from"] == f"bv:{path}" and record["tokenizer"] is False
   assert record["model"]["pooling"] == "mean" and record["model"]["image_size"] == 8
   Path(path).unlink()

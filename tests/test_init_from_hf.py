@@ -28,6 +28,7 @@ from transformer.eval.evaluate import evaluate
 from transformer.tasks import EvalOptions
 from transformer.train import experiment, losses, setup
 from transformer.train import loop as train_lib
+from transformer.train import pretrained as pretrained_lib
 
 FAMILIES = ("gpt2", "bert", "llama", "t5", "vit")
 
@@ -158,7 +159,7 @@ def test_the_run_resumes_and_evaluates_once_the_directory_is_gone(trained, tmp_p
   source, trained_workdir, _, _ = trained
   workdir = str(tmp_path / "run")
   shutil.copytree(trained_workdir, workdir)  # (the other tests read the fixture's workdir)
-  record = json.loads(Path(workdir, experiment.PRETRAINED_RECORD).read_text())
+  record = json.loads(Path(workdir, pretrained_lib.RECORD).read_text())
   assert record["init_from"] == f"hf:{source}" and record["tokenizer"] is True
   assert record["model"]["d_model"] == 32 and record["model"]["family"] == "decoder"
   shutil.rmtree(source, ignore_errors=True)

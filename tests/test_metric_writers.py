@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from session_env import PATIENCE_S
 
-from transformer.train import metric_writers
+from transformer.data.files import read_jsonl
+from transformer.train import curves, metric_writers
 
 
 class _FakeClock:
@@ -121,7 +122,7 @@ def test_truncate_after_and_resume_continue_the_file_without_duplicates(tmp_path
     dropped = writer.truncate_after(7)
     writer.write_scalars(8, {"loss": 0.125})
   assert dropped == 1
-  records = metric_writers.read_jsonl(tmp_path / "metrics.jsonl")
+  records = read_jsonl(tmp_path / "metrics.jsonl")
   assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7, 8]
   assert [r["loss"] for r in records[-2:]] == [0.5, 0.125]
   assert len(glob.glob(str(tmp_path / "tensorboard" / "events.out.tfevents.*"))) == 2
@@ -141,12 +142,10 @@ def _write_run(directory, scale):
 
 def test_plot_curves_writes_png_of_the_requested_size(tmp_path):
   run_a, run_b = _write_run(tmp_path / "a", 3.0), _write_run(tmp_path / "b", 5.0)
-  out = metric_writers.plot_curves(
-    [run_a, run_b], tmp_path / "curves.png", width_px=800, height_px=300
-  )
+  out = curves.plot_curves([run_a, run_b], tmp_path / "curves.png", width_px=800, height_px=300)
   assert os.path.getsize(out) > 5_000
   assert _png_size(out) == (800, 300)
-  single = metric_writers.plot_curves(str(run_a), tmp_path / "one.png", labels=["a"])
+  single = curves.plot_curves(str(run_a), tmp_path / "one.png", labels=["a"])
   assert _png_size(single) == (1200, 450)
   # The second run is drawn in matplotlib's second colour (C1, orange), the first in C0.
   assert _pixels_of_color(out, (1.0, 0.498, 0.055)) > 200
@@ -169,11 +168,11 @@ def _pixels_of_color(path, rgb):
     (lambda w, p: w.write_scalars(1, {"step": 1.0}), "scalar names"),
     (lambda w, p: w.write_scalars(1, {"loss": "high"}), "scalar 'loss'"),
     (lambda w, p: w.truncate_after(-3), "step"),
-    (lambda w, p: metric_writers.plot_curves([], p / "x.png"), "jsonl_paths"),
-    (lambda w, p: metric_writers.plot_curves(p / "nope.jsonl", p / "x.png"), "jsonl_paths"),
-    (lambda w, p: metric_writers.plot_curves(w.jsonl_path, p / "x.jpg"), "out_png"),
-    (lambda w, p: metric_writers.plot_curves(w.jsonl_path, p / "x.png", labels=[]), "labels"),
-    (lambda w, p: metric_writers.plot_curves(w.jsonl_path, p / "x.png", dpi=0), "dpi"),
+    (lambda w, p: curves.plot_curves([], p / "x.png"), "jsonl_paths"),
+    (lambda w, p: curves.plot_curves(p / "nope.jsonl", p / "x.png"), "jsonl_paths"),
+    (lambda w, p: curves.plot_curves(w.jsonl_path, p / "x.jpg"), "out_png"),
+    (lambda w, p: curves.plot_curves(w.jsonl_path, p / "x.png", labels=[]), "labels"),
+    (lambda w, p: curves.plot_curves(w.jsonl_path, p / "x.png", dpi=0), "dpi"),
     (lambda w, p: metric_writers.MetricWriter(p, is_primary=1), "is_primary"),
     (lambda w, p: metric_writers.MetricWriter(p, is_primary=True, total_steps=-1), "total_steps"),
   ],

@@ -18,7 +18,7 @@ from conftest import make_tiny_config
 
 from transformer.nn.models import build_model
 from transformer.nn.tree import path_str
-from transformer.train import experiment, schedules
+from transformer.train import experiment, muon, schedules
 from transformer.train import optimizer as optimizer_lib
 
 # ----------------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def test_muon_equals_numpy_reference_with_adamw_for_the_rest(nesterov, rms):
     "muon_consistent_rms": rms,
   }
   got = _run(block, _lr, params, grads)
-  labels = jax.tree_util.tree_leaves_with_path(optimizer_lib.muon_labels(params))
+  labels = jax.tree_util.tree_leaves_with_path(muon.labels(params))
   assert {path_str(k) for k, v in labels if v == "muon"} == set(MATRICES)
 
   p = _flat(params)
@@ -265,7 +265,7 @@ def test_muon_treats_only_hidden_matrices_of_real_models_as_matrices():
     c = make_tiny_config(family, **overrides)
     x = jnp.zeros((1, 8, 8, 3)) if family == "vit" else jnp.ones((1, 4), jnp.int32)
     shapes = jax.eval_shape(lambda: build_model(c).init(jax.random.key(0), x))["params"]
-    labels = jax.tree_util.tree_leaves_with_path(optimizer_lib.muon_labels(shapes))
+    labels = jax.tree_util.tree_leaves_with_path(muon.labels(shapes))
     return {path_str(k) for k, v in labels if v == "muon"}
 
   layer = "decoder/layers/block"

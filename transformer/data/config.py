@@ -15,7 +15,7 @@ import importlib.metadata
 from collections.abc import Mapping
 from numbers import Integral
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from transformer.data.image_builders import FASHION_MNIST_LABELS
 from transformer.data.packing import OVERLONG_POLICIES
@@ -25,6 +25,17 @@ IMAGE_SOURCES = ("idx", "image_folder", "sklearn_digits")  # sources whose recor
 TOKENIZERS = ("char", "byte", "sentencepiece", "pretrained", "none")
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when the package runs from one
 SHARE = ("share", "transformer")  # where `pip install .` puts configs/ and data/ (pyproject)
+
+
+def fail(field: str, value: Any, rule: str) -> NoReturn:
+  """Raises the one-line `ValueError` of a run-config field: `config.FIELD=VALUE: RULE`
+  (the value on one line, cut at 80 characters). Tasks and the experiment config use it;
+  the model config has its own (`ModelConfig.FIELD=...`, `nn.config.fail`)."""
+  if hasattr(value, "to_dict"):
+    value = value.to_dict()  # a ConfigDict's repr is multi-line YAML
+  shown = repr(value).replace("\n", " ")
+  shown = shown if len(shown) <= 80 else shown[:77] + "..."
+  raise ValueError(f"config.{field}={shown}: {rule}")
 
 
 @functools.cache

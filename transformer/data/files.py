@@ -9,7 +9,8 @@ Files ending in `.gz` are decompressed transparently.
 (configs, tokenizers, IDX arrays, a truncated metrics log): a killed process leaves the
 old file or the new one, never a partial one. It takes local paths and object-storage
 URLs (`gs://bucket/...`, through `etils.epath`); `is_remote` tells them apart.
-`one_line(e)` is how a storage error is reported wherever the package reports one.
+`read_jsonl` reads the package's logs (metrics, run records); `one_line(e)` is how a storage
+error is reported wherever the package reports one.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ import csv
 import gzip
 import hashlib
 import io
+import json
 import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import numpy as np
@@ -165,6 +168,23 @@ def write_idx(path: str | os.PathLike, array: np.ndarray) -> None:
     raise ValueError(f"{path}: write_idx takes uint8 arrays, got {array.dtype} {array.shape}")
   header = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, ">u4").tobytes()
   write_atomic(path, header + np.ascontiguousarray(array).tobytes())
+
+
+def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
+  """The JSON objects of a .jsonl file, in order ([] if it does not exist; a line that is
+  not a JSON object, such as one cut short by a kill, is skipped). Local or a URL."""
+  path = epath.Path(path)
+  if not path.exists():
+    return []
+  records = []
+  for line in path.read_text(encoding="utf-8").splitlines():
+    try:
+      record = json.loads(line)
+    except ValueError:
+      continue
+    if isinstance(record, dict):
+      records.append(record)
+  return records
 
 
 def one_line(e: BaseException) -> str:

@@ -26,6 +26,18 @@ DTYPES = ("float32", "bfloat16", "float16")
 POOLINGS = ("cls", "mean")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
+# ModelConfig fields that change how a model computes, not what it is: a run may resume or
+# be evaluated with other values, and a config may set them over an `hf:` checkpoint's.
+# Any other difference is a different model.
+RUNTIME_FIELDS = (
+  "dropout_rate",
+  "attention_dropout_rate",
+  "attention_impl",
+  "attention_chunk_size",
+  "dtype",
+  "remat_policy",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:

@@ -64,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+from transformer.data.files import read_jsonl
 from transformer.train.machine import cpu_info, load_average
 
 CLASSIFIER = "configs/classify_testament.py"
@@ -182,8 +183,9 @@ def read_evaluations(workdir: Path) -> list[dict]:
   """The `eval` records of a run's metrics.jsonl, by step (a resumed run's last wins)."""
   by_step: dict[int, dict] = {}
   path = workdir / "metrics.jsonl"
-  for line in path.read_text(encoding="utf-8").splitlines():
-    record = json.loads(line)
+  if not path.is_file():
+    raise FileNotFoundError(f"{path}: no metrics log (did the run start?)")
+  for record in read_jsonl(path):
     if record.get("split") == "eval":
       by_step[int(record["step"])] = record
   return [by_step[s] for s in sorted(by_step)]

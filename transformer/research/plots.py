@@ -2,7 +2,7 @@
 
   posenc_heatmap     the sinusoidal position-encoding table [L, D] (Vaswani et al. 3.5)
   curves             training/evaluation curves of one or several runs, overlaid
-                     (`metric_writers.plot_curves` on each run's metrics.jsonl)
+                     (`curves.plot_curves` on each run's metrics.jsonl)
   attention_heatmaps the attention maps of one layer, one panel per head
   confusion          a confusion matrix (`evaluation.write_confusion`)
 
@@ -24,7 +24,8 @@ from etils import epath
 
 from transformer.data.files import is_remote
 from transformer.nn.positions import sinusoidal_table
-from transformer.train.metric_writers import JSONL_NAME, plot_curves, png_figure, save_png
+from transformer.train.curves import plot_curves, png_figure, save_png
+from transformer.train.metric_writers import JSONL_NAME
 
 
 def _check_png(out_png: str | os.PathLike) -> str:

@@ -13,15 +13,10 @@ from typing import Any
 
 from etils import epath
 
-from transformer.data.files import write_atomic
+from transformer.data.files import read_jsonl, write_atomic
 from transformer.research.sweep_points import is_done, point_name
-from transformer.train.metric_writers import (
-  JSONL_NAME,
-  plot_curves,
-  png_figure,
-  read_jsonl,
-  save_png,
-)
+from transformer.train.curves import plot_curves, png_figure, save_png
+from transformer.train.metric_writers import JSONL_NAME
 
 
 def final_evals(point_dir: str) -> dict[str, dict[str, Any]]:

@@ -27,9 +27,9 @@ from typing import Any
 
 from etils import epath
 
-from transformer.data.files import is_remote, write_atomic
+from transformer.data.files import is_remote, read_jsonl, write_atomic
 from transformer.research.sweep_points import DONE, is_done, point_name, train_command
-from transformer.train.metric_writers import JSONL_NAME, read_jsonl
+from transformer.train.metric_writers import JSONL_NAME
 
 PID_FILE = "sweep_trial.json"  # in DIR/<point>: the host and pid of the running training run
 STOP_GRACE_S = 60.0  # after SIGTERM: seconds the run gets to save before SIGKILL

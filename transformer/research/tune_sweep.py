@@ -50,9 +50,10 @@ from ray import tune
 from ray.tune.schedulers import AsyncHyperBandScheduler
 from ray.tune.search.sample import Domain
 
+from transformer.data.files import read_jsonl
 from transformer.research.sweep_points import EXPERIMENT, is_done, point_name
 from transformer.research.trial_run import TrialRun
-from transformer.train.metric_writers import JSONL_NAME, read_jsonl
+from transformer.train.metric_writers import JSONL_NAME
 
 # ----------------------------------------------------------------------------------------
 # Points.

@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from transformer.data.config import IMAGE_SOURCES, DataConfig
+from transformer.data.config import IMAGE_SOURCES, DataConfig, fail
 from transformer.data.datasets import DataInfo
 from transformer.data.spec import DataSpec
 from transformer.nn import models, moe
@@ -41,11 +41,6 @@ LabelFn = Callable[[str], tuple[list[str] | None, list[str] | None]]
 def token_labels(ids: np.ndarray, tokenizer: Any) -> list[str]:
   """The first row's tokens as text, one label per position ('·' for an empty piece)."""
   return [tokenizer.decode([int(i)]) or "·" for i in np.asarray(ids)[0]]
-
-
-def fail(field: str, value: Any, rule: str) -> None:
-  """Raises the one-line config error: `config.FIELD=VALUE: RULE`."""
-  raise ValueError(f"config.{field}={value!r}: {rule}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,12 +16,11 @@ from typing import Any
 import grain
 
 from transformer.data import pipeline
-from transformer.data.config import DataConfig
+from transformer.data.config import DataConfig, fail
 from transformer.data.spec import I32, DataContext, DataSpec
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
 from transformer.tasks import evals
-from transformer.tasks.base import fail
 from transformer.tasks.labels import Classifying, labels_and_weights
 
 

@@ -11,11 +11,10 @@ import dataclasses
 import grain
 
 from transformer.data import pipeline
-from transformer.data.config import IMAGE_SOURCES, DataConfig
+from transformer.data.config import IMAGE_SOURCES, DataConfig, fail
 from transformer.data.spec import F32, I32, DataContext, DataSpec
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
-from transformer.tasks.base import fail
 from transformer.tasks.labels import Classifying, labels_and_weights
 
 

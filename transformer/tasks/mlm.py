@@ -16,12 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer.data import masking, pipeline
-from transformer.data.config import DataConfig
+from transformer.data.config import DataConfig, fail
 from transformer.data.spec import DataContext, DataSpec
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
 from transformer.tasks import evals
-from transformer.tasks.base import Task, fail
+from transformer.tasks.base import Task
 from transformer.tasks.lm import KEYS, token_shapes
 
 

@@ -18,10 +18,10 @@ import grain
 import numpy as np
 
 from transformer.data import pipeline
-from transformer.data.config import DataConfig
+from transformer.data.config import DataConfig, fail
 from transformer.data.spec import DataContext, DataSpec
 from transformer.nn.config import ModelConfig
-from transformer.tasks.base import Task, fail
+from transformer.tasks.base import Task
 from transformer.tasks.lm import token_shapes
 
 KEYS = ("inputs", "targets", "weights", "segment_ids", "positions", "prefix_mask")

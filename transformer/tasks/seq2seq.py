@@ -22,11 +22,11 @@ import grain
 import jax
 
 from transformer.data import features, pipeline, sources
-from transformer.data.config import DataConfig
+from transformer.data.config import DataConfig, fail
 from transformer.data.spec import F32, I32, DataContext, DataSpec
 from transformer.nn.config import ModelConfig
 from transformer.tasks import evals
-from transformer.tasks.base import EvalOptions, Extras, Run, Task, fail, token_labels
+from transformer.tasks.base import EvalOptions, Extras, Run, Task, token_labels
 
 INPUT_KEYS = ("inputs", "inputs_segment_ids", "inputs_positions")
 TARGET_KEYS = ("targets", "targets_segment_ids", "targets_positions")

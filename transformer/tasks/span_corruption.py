@@ -25,11 +25,11 @@ import grain
 import numpy as np
 
 from transformer.data import pipeline
-from transformer.data.config import DataConfig
+from transformer.data.config import DataConfig, fail
 from transformer.data.spec import DataContext, DataSpec
 from transformer.data.tokenizers import EOS_ID
 from transformer.nn.config import ModelConfig
-from transformer.tasks.base import Task, fail
+from transformer.tasks.base import Task
 from transformer.tasks.seq2seq import (
   seq2seq_attention_labels,
   seq2seq_attention_masks,

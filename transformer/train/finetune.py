@@ -38,12 +38,13 @@ from transformer.data.tokenizers import tokenizer_filename
 from transformer.nn import tree
 from transformer.tasks import TASKS
 from transformer.train import checkpoints
-from transformer.train.experiment import PRETRAINED_RECORD, Experiment, hf_dir
+from transformer.train.experiment import Experiment
+from transformer.train.pretrained import RECORD, hf_dir
 
 
 def _recorded(init_from: str, workdir: str) -> bool:
   """The workdir holds the record of this `init_from` (`record_pretrained`)."""
-  path = epath.Path(workdir) / PRETRAINED_RECORD
+  path = epath.Path(workdir) / RECORD
   return path.exists() and json.loads(path.read_text()).get("init_from") == init_from
 
 
@@ -75,7 +76,7 @@ def record_pretrained(exp: Experiment, workdir: str) -> None:
   if exp.pretrained is None or _recorded(exp.loop.init_from, workdir):
     return
   text = json.dumps(exp.pretrained, indent=2, sort_keys=True)
-  write_atomic(os.path.join(workdir, PRETRAINED_RECORD), text)
+  write_atomic(os.path.join(workdir, RECORD), text)
 
 
 def _load_pretrained(init_from: str) -> tuple[int, Any]:

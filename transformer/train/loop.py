@@ -50,7 +50,8 @@ from transformer.train import (
   telemetry,
   tracking,
 )
-from transformer.train.metric_writers import MetricWriter, plot_curves
+from transformer.train.curves import plot_curves
+from transformer.train.metric_writers import MetricWriter
 from transformer.train.overview import parameter_overview
 from transformer.train.preemption import Preemption, run_within
 from transformer.train.step import copy_params, summarize_eval

@@ -33,7 +33,6 @@ figure and atomic PNG write shared with the research plots.
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import math
@@ -354,110 +353,6 @@ def flatten_hparams(config: Mapping[str, Any], prefix: str = "") -> dict[str, An
 def _short(value: float) -> str:
   """4 significant digits (`2.644`, `0.01234`, `1.235e+04`)."""
   return f"{value:.4g}"
-
-
-def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
-  """The records of a metrics.jsonl file (unparsable lines skipped)."""
-  records = []
-  for line in epath.Path(path).read_text(encoding="utf-8").splitlines():
-    try:
-      records.append(json.loads(line))
-    except ValueError:
-      continue
-  return records
-
-
-def plot_curves(
-  jsonl_paths: str | os.PathLike | Sequence[str | os.PathLike],
-  out_png: str | os.PathLike,
-  *,
-  labels: Sequence[str] | None = None,
-  loss_key: str = "loss",
-  lr_key: str = "learning_rate",
-  width_px: int = 1200,
-  height_px: int = 450,
-  dpi: int = 100,
-) -> str:
-  """Draws loss (train solid, eval dashed) and learning rate against step to a PNG.
-
-  Args:
-    jsonl_paths: one metrics.jsonl path or several (runs overlaid).
-    out_png: output file (.png), exactly `width_px` x `height_px` pixels.
-    labels: one legend label per run (default: the file's directory name).
-    loss_key: scalar plotted in the loss panel, for train and eval.
-    lr_key: train scalar plotted in the learning-rate panel.
-
-  Returns:
-    The PNG path.
-  """
-  paths = [jsonl_paths] if isinstance(jsonl_paths, (str, os.PathLike)) else list(jsonl_paths)
-  if not paths:
-    raise ValueError("jsonl_paths must name at least one metrics.jsonl file")
-  for path in paths:
-    if not epath.Path(path).is_file():
-      raise ValueError(f"jsonl_paths: no such file {os.fspath(path)!r}")
-  if labels is None:
-    labels = [epath.Path(_absolute(p)).parent.name or str(p) for p in paths]
-  if len(labels) != len(paths):
-    raise ValueError(f"labels must have one entry per path ({len(paths)}); got {len(labels)}")
-  if not os.fspath(out_png).endswith(".png"):
-    raise ValueError(f"out_png must end with .png; got {os.fspath(out_png)!r}")
-  for name, value in (("width_px", width_px), ("height_px", height_px), ("dpi", dpi)):
-    if not _is_int(value) or value < 1:
-      raise ValueError(f"{name} must be an int >= 1; got {value!r}")
-
-  fig = png_figure(width_px, height_px, dpi)
-  loss_ax, lr_ax = fig.subplots(1, 2)
-  for index, (path, label) in enumerate(zip(paths, labels, strict=True)):
-    color = f"C{index % 10}"
-    records = read_jsonl(path)
-    for split, style in (("train", "-"), ("eval", "--o")):
-      steps, values = _series(records, split, loss_key)
-      if steps:
-        loss_ax.plot(steps, values, style, color=color, markersize=3, label=f"{label} {split}")
-    steps, values = _series(records, "train", lr_key)
-    if steps:
-      lr_ax.plot(steps, values, "-", color=color, label=label)
-  loss_ax.set(xlabel="step", ylabel=loss_key, title="loss")
-  lr_ax.set(xlabel="step", ylabel=lr_key, title="learning rate")
-  for ax in (loss_ax, lr_ax):
-    ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-      ax.legend(fontsize="small")
-  fig.tight_layout()
-  return save_png(fig, out_png)
-
-
-def png_figure(width_px: int, height_px: int, dpi: int = 100) -> Any:
-  """A matplotlib `Figure` of exactly `width_px` x `height_px` pixels on its own Agg canvas
-  (no display, no global backend)."""
-  from matplotlib.backends.backend_agg import FigureCanvasAgg
-  from matplotlib.figure import Figure
-
-  fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
-  FigureCanvasAgg(fig)
-  return fig
-
-
-def save_png(fig: Any, out_png: str | os.PathLike) -> str:
-  """Writes `fig` as a PNG at its own size and dpi, atomically; returns the path."""
-  buffer = io.BytesIO()
-  fig.savefig(buffer, format="png", dpi=fig.dpi)
-  write_atomic(out_png, buffer.getvalue())
-  return os.fspath(out_png)
-
-
-def _absolute(path: str | os.PathLike) -> str:
-  return os.fspath(path) if is_remote(path) else os.path.abspath(path)
-
-
-def _series(records: list[dict[str, Any]], split: str, key: str) -> tuple[list, list]:
-  points = sorted(
-    (r["step"], r[key])
-    for r in records
-    if r.get("split") == split and isinstance(r.get(key), (int, float))
-  )
-  return [p[0] for p in points], [p[1] for p in points]
 
 
 def _to_floats(scalars: Mapping[str, Any]) -> dict[str, float]:

@@ -26,7 +26,7 @@ embeddings, the output head / classifier, norms and biases go to AdamW. A Muon u
 with the shape scale s = sqrt(max(1, fan_out / fan_in)) (Jordan's width scaling, optax's
 default) or, with muon_consistent_rms = r > 0, s = r sqrt(max(fan_in, fan_out)) (Liu et
 al. 2025, "Muon is scalable": r = 0.2 matches AdamW's update RMS, so one learning rate
-serves both). Which parameters are matrices, and how (`MUON_MATRICES`): the attention
+serves both). Which parameters are matrices, and how (`muon.MUON_MATRICES`): the attention
 projections are DenseGeneral kernels, query / key / value [D, N, H] and out [N, H, D];
 each is orthogonalised as the one matrix D x (N H) (resp. (N H) x D) it is, as Muon
 implementations do for fused or separate q / k / v projections, not head by head. The
@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -66,7 +66,7 @@ from flax.core import meta
 from optax import contrib
 
 from transformer.nn import tree
-from transformer.train import schedules
+from transformer.train import muon, schedules
 
 KINDS = ("adamw", "sgd", "adafactor", "lion", "muon")
 
@@ -75,18 +75,6 @@ KINDS = ("adamw", "sgd", "adafactor", "lion", "muon")
 # kernel's own rank is `len(shape)` of the unstacked layer (3 for the attention
 # DenseGeneral kernels, 2 for dense ones); axes before those (nn.scan's 'layers') are
 # batch axes. Every other parameter goes to AdamW.
-MUON_MATRICES: dict[str, tuple[int, int]] = {  # module name -> (own rank, input axes)
-  "query": (3, 1),  # [D, N, H]: D -> N*H
-  "key": (3, 1),  # [D, K, H]
-  "value": (3, 1),  # [D, K, H]
-  "out": (3, 2),  # [N, H, D]: N*H -> D
-  "wi": (2, 1),  # [D, F]
-  "wi_0": (2, 1),
-  "wi_1": (2, 1),
-  "wo": (2, 1),  # [F, D]
-  "mlm_transform": (2, 1),  # [D, D] (encoder MLM head's hidden layer)
-  "pooler": (2, 1),  # [D, D] (classifier's hidden layer)
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,7 +194,7 @@ def _lion(cfg: OptimizerConfig, schedule, mask_fn) -> optax.GradientTransformati
 
 
 def _muon(cfg: OptimizerConfig, schedule, mask_fn) -> optax.GradientTransformation:
-  """Muon on `MUON_MATRICES`, our AdamW on the rest (see the module docstring)."""
+  """Muon on `muon.MUON_MATRICES`, our AdamW on the rest (see the module docstring)."""
   if callable(schedule):
     muon_lr = lambda count: cfg.muon_lr_scale * schedule(count)
   else:
@@ -217,14 +205,14 @@ def _muon(cfg: OptimizerConfig, schedule, mask_fn) -> optax.GradientTransformati
       beta=cfg.muon_beta,
       mu_dtype=jnp.float32,
       nesterov=cfg.muon_nesterov,
-      weight_dimension_numbers=muon_dimension_numbers,
+      weight_dimension_numbers=muon.dimension_numbers,
     ),
-    _scale_by_shape(cfg.muon_consistent_rms),
+    muon.scale_by_shape(cfg.muon_consistent_rms),
     optax.add_decayed_weights(cfg.weight_decay, mask=mask_fn),
     optax.scale_by_learning_rate(muon_lr),
   )
   return optax.partition(
-    {"muon": matrices, "adam": _adamw(cfg, schedule, mask_fn)}, param_labels=muon_labels
+    {"muon": matrices, "adam": _adamw(cfg, schedule, mask_fn)}, param_labels=muon.labels
   )
 
 
@@ -236,66 +224,6 @@ _OPTIMIZERS = {
   "lion": _lion,
   "muon": _muon,
 }
-
-
-def _matrix_axes(names: tuple[str, ...], ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-  """(input axes, output axes) of a Muon matrix parameter, or ((), ()) for AdamW's."""
-  if len(names) < 2 or names[-1] != "kernel" or names[-2] not in MUON_MATRICES:
-    return (), ()
-  rank, inputs = MUON_MATRICES[names[-2]]
-  batch = ndim - rank  # leading stacked axes (nn.scan layers)
-  if batch < 0:
-    return (), ()
-  return tuple(range(batch, batch + inputs)), tuple(range(batch + inputs, ndim))
-
-
-def _map_named(fn: Callable[[tuple[str, ...], Any], Any], params: Any) -> Any:
-  """fn(path names, leaf) over a pytree; an `nn.Partitioned` box's value gets the box's."""
-
-  def decide(path: tuple[Any, ...], leaf: Any) -> Any:
-    names = tree.path_names(path)
-    if isinstance(leaf, meta.AxisMetadata):
-      return jax.tree.map(lambda x: fn(names, x), leaf)
-    return fn(names, leaf)
-
-  return jax.tree_util.tree_map_with_path(
-    decide, params, is_leaf=lambda x: isinstance(x, meta.AxisMetadata)
-  )
-
-
-def muon_labels(params: Any) -> Any:
-  """'muon' for the hidden weight matrices (`MUON_MATRICES`), 'adam' for the rest."""
-  return _map_named(lambda n, x: "muon" if _matrix_axes(n, x.ndim)[0] else "adam", params)
-
-
-def muon_dimension_numbers(updates: Any) -> Any:
-  """`MuonDimensionNumbers` of the Muon leaves of `updates` (the Muon arm of the
-  partition, whose other leaves are optax's empty `MaskedNode`s)."""
-
-  def dims(names: tuple[str, ...], x: Any) -> contrib.MuonDimensionNumbers:
-    inputs, outputs = _matrix_axes(names, x.ndim)
-    return contrib.MuonDimensionNumbers(reduction_axis=inputs, output_axis=outputs)
-
-  return _map_named(dims, updates)
-
-
-def _scale_by_shape(consistent_rms: float) -> optax.GradientTransformation:
-  """The orthogonalised update times sqrt(max(1, fan_out / fan_in)) (consistent_rms 0) or
-  consistent_rms * sqrt(max(fan_in, fan_out)); fans are products of the matrix's axes."""
-
-  def scale(names: tuple[str, ...], u: jax.Array) -> jax.Array:
-    inputs, outputs = _matrix_axes(names, u.ndim)
-    fan_in = math.prod(u.shape[a] for a in inputs)
-    fan_out = math.prod(u.shape[a] for a in outputs)
-    if consistent_rms > 0:
-      return u * (consistent_rms * math.sqrt(max(fan_in, fan_out)))
-    return u * math.sqrt(max(1.0, fan_out / fan_in))
-
-  def update(updates, state, params=None):
-    del params
-    return _map_named(scale, updates), state
-
-  return optax.GradientTransformation(lambda _: optax.EmptyState(), update)
 
 
 def create_optimizer(
@@ -333,10 +261,10 @@ def create_optimizer(
   if cfg.weight_decay > 0 and not any(jax.tree.leaves(mask_fn(params))):
     raise ValueError("weight_decay > 0 but the decay mask excludes every parameter of params")
 
-  if cfg.kind == "muon" and "muon" not in jax.tree.leaves(muon_labels(params)):
+  if cfg.kind == "muon" and "muon" not in jax.tree.leaves(muon.labels(params)):
     raise ValueError(
       "optimizer.kind='muon': the model has no hidden weight matrices (attention or "
-      f"feed-forward kernels, {sorted(MUON_MATRICES)}) for Muon; use kind='adamw'"
+      f"feed-forward kernels, {sorted(muon.MUON_MATRICES)}) for Muon; use kind='adamw'"
     )
   tx = _OPTIMIZERS[cfg.kind](cfg, schedule, mask_fn)
   if cfg.clip_norm > 0:

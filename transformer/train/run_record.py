@@ -282,19 +282,3 @@ class RunRecord:
     except Exception as e:  # a run record must never cost the run
       self._warn(f"warning: run record not written to {self.path}: {one_line(e)}")
       return None
-
-
-def read_runs(workdir: str | os.PathLike) -> list[dict[str, Any]]:
-  """The records of `workdir/runs.jsonl`, oldest first ([] if none; bad lines skipped)."""
-  path = epath.Path(workdir) / RUNS_NAME
-  if not path.exists():
-    return []
-  records = []
-  for line in path.read_text(encoding="utf-8").splitlines():
-    try:
-      record = json.loads(line)
-    except ValueError:
-      continue
-    if isinstance(record, dict):
-      records.append(record)
-  return records

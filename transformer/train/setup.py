@@ -21,12 +21,12 @@ from transformer.convert import tokenizers as _  # noqa: F401  (load_tokenizer: 
 from transformer.data.datasets import DataInfo, make_datasets
 from transformer.data.files import write_atomic
 from transformer.nn import lora, partitioning
-from transformer.nn.config import ModelConfig
+from transformer.nn.config import RUNTIME_FIELDS, ModelConfig
 from transformer.nn.kernel_rules import resolve_attention_impl
 from transformer.nn.models import build_model
 from transformer.tasks import Task
 from transformer.train import finetune
-from transformer.train.experiment import RUNTIME_FIELDS, Experiment, finalize_model
+from transformer.train.experiment import Experiment, finalize_model
 from transformer.train.optimizer import create_optimizer
 from transformer.train.parallel import StepRunner
 from transformer.train.step import StepConfig, TrainState, create_train_state
