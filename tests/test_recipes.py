@@ -56,6 +56,7 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "t5_span_corruption": ((None,), {}, {}),
   "span_bible": ((None,), {}, {}),  # translate_en_es fine-tunes from it
   "prefix_lm_shakespeare": ((None,), {}, {}),
+  "distill_shakespeare": ((None, "alone"), {}, {}),  # the teacher: an lm_shakespeare run
   "finetune_gpt2_shakespeare": ((TINY_GPT2,), {}, {}),  # hf: a tiny random GPT-2 directory
   "finetune_bert_testament": ((TINY_BERT,), {}, {}),  # hf: BertForMaskedLM
   "finetune_llama_shakespeare": ((TINY_LLAMA,), {}, {}),  # hf: LlamaForCausalLM
@@ -174,6 +175,7 @@ def span_workdir(tmp_path_factory):
   sorted(
     set(RECIPES)
     - {"mlm_bible", "classify_testament", "span_bible", "translate_en_es", *TFDS_CONFIGS}
+    - {"distill_shakespeare"}
   ),
 )
 def test_config_trains_two_steps(stem, tmp_path):
@@ -210,6 +212,17 @@ def test_translate_en_es_fine_tunes_from_span_bible(span_workdir, tmp_path, capl
   assert copied == total, logged  # every tensor, the embedding too (without its sentinels)
   assert any("shared_embed/embedding keeps the first 200 ids" in line for line in logged), logged
   assert os.path.isdir(tmp_path / "checkpoints" / "2")
+
+
+def test_distill_shakespeare_learns_from_an_lm_shakespeare_run(tmp_path):
+  """distill_shakespeare's two steps, its teacher a two-step lm_shakespeare run."""
+  teacher = str(tmp_path / "teacher")
+  train_lib.train_and_evaluate(tiny("lm_shakespeare"), teacher)
+  config = tiny("distill_shakespeare")
+  config.data.teacher = teacher
+  metrics = train_lib.train_and_evaluate(config, str(tmp_path / "student"))
+  assert math.isfinite(metrics["loss"])
+  assert os.path.isdir(tmp_path / "student" / "checkpoints" / "2")
 
 
 def test_tokenizer_from_finds_the_file_or_names_what_is_there(tmp_path):

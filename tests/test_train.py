@@ -168,9 +168,9 @@ def test_mlm_logits_at_scored_positions_only_give_the_same_updates():
     runner, state, model = _mlm_runner(max_predictions)
     params = jax.device_get(state.params)  # the step donates the state
     loss_sum = functools.partial(
-      train_step_lib._sums, runner.cfg, rng=jax.random.PRNGKey(7), deterministic=False
+      train_step_lib._sums, runner.cfg, frozen=None, rng=jax.random.PRNGKey(7), deterministic=False
     )
-    grad = jax.jit(jax.grad(lambda p, b, f=loss_sum: f(p, b)[0]))
+    grad = jax.jit(jax.grad(lambda p, b, f=loss_sum: f(p, batch=b)[0]))
     grads[max_predictions] = grad(params, batches[0])
     state = runner.place_state(state)
     metrics[max_predictions] = []

@@ -108,6 +108,9 @@ class DataConfig:
   num_workers: int = 0  # grain worker processes
   prefetch: int = 2  # batches kept ready ahead of the training loop
   scan_examples: int = 2000  # records checked up front for length / unknown characters
+  teacher: str = ""  # distill: the frozen teacher, a run's workdir or hf:DIR
+  distill_temperature: float = 2.0  # distill: softmax temperature of both distributions
+  distill_alpha: float = 0.5  # distill: weight of the soft (KL) term; the labels get 1 - alpha
 
   def __post_init__(self):
     for name, value, allowed in (

@@ -7,6 +7,7 @@
   image           tasks/image.py           ViT: image classification
   span_corruption tasks/span_corruption.py encoder-decoder: T5 span-corruption pretraining
   prefix_lm       tasks/prefix_lm.py       decoder: bidirectional prefix, causal suffix
+  distill         tasks/distill.py         decoder: knowledge distillation from a frozen teacher
 
 `get(name)` returns the task class; `create(data_config, seq_len)` the task of a run.
 A new task is one file with a `Task` subclass and one entry in `TASKS`.
@@ -17,6 +18,7 @@ from __future__ import annotations
 from transformer.data.config import DataConfig
 from transformer.tasks.base import EvalOptions, Extras, Run, Task
 from transformer.tasks.classification import TextClassification
+from transformer.tasks.distill import Distillation
 from transformer.tasks.image import ImageClassification
 from transformer.tasks.lm import LanguageModeling
 from transformer.tasks.mlm import MaskedLanguageModeling
@@ -34,6 +36,7 @@ TASKS: dict[str, type[Task]] = {
     ImageClassification,
     SpanCorruption,
     PrefixLanguageModeling,
+    Distillation,
   )
 }
 

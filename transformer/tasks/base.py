@@ -37,6 +37,9 @@ MaskFn = Callable[[str], tuple[np.ndarray | None, np.ndarray | None]]
 # name -> (query labels, key labels) of the first row, None where unlabelled
 LabelFn = Callable[[str], tuple[list[str] | None, list[str] | None]]
 
+# source (a run's workdir or hf:DIR) -> (its ModelConfig, its parameters)
+LoadFn = Callable[[str], tuple[ModelConfig, Any]]
+
 
 def token_labels(ids: np.ndarray, tokenizer: Any) -> list[str]:
   """The first row's tokens as text, one label per position ('·' for an empty piece)."""
@@ -155,6 +158,27 @@ class Task(abc.ABC):
     collecting = _Collecting(model)
     logits, targets, weights = self.forward(collecting, variables, batch, deterministic, rngs)
     return logits, targets, weights, moe.aux_losses(collecting.collected, config)
+
+  def objective(
+    self, loss_sum: jax.Array, weight_sum: jax.Array, aux: dict[str, jax.Array]
+  ) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """The summed loss to differentiate, from the summed cross-entropy of the weighted
+    positions and `forward_with_aux`'s auxiliary means; and the auxiliary sums to log
+    (each logged as its mean, name without `_sum`). Default: the cross-entropy plus the
+    auxiliary 'loss' (the MoE terms), each mean weighted by the pass's `weight_sum`."""
+    sums = {k: v * weight_sum for k, v in aux.items()}
+    if "loss" in sums:
+      loss_sum = loss_sum + sums.pop("loss")
+    return loss_sum, {f"{k}_sum": v for k, v in sums.items()}
+
+  def frozen(self, model: ModelConfig, load: LoadFn) -> tuple[Task, Any]:
+    """(this task, variables it reads but never trains, e.g. a distillation teacher's
+    parameters, or None). Called once where a run is built, with the run's final model
+    config and `load(source) -> (ModelConfig, params)` for a run's workdir or `hf:DIR`; the
+    variables are kept in the train state (checkpointed, no optimizer state) and reach
+    `forward` as `variables['frozen']` in training steps. Default: none."""
+    del model, load
+    return self, None
 
   @abc.abstractmethod
   def init_args(self, batch: Batch) -> tuple[tuple, dict]:

@@ -88,7 +88,7 @@ def _load_pretrained(init_from: str) -> tuple[int, Any]:
     raise ValueError(f"config.init_from={init_from!r}: {e}") from None
 
 
-def _restore_run(path: str) -> tuple[int, Any]:
+def restore_run(path: str, field: str = "init_from") -> tuple[int, Any]:
   """(the ids its task added above the tokenizer's, e.g. span corruption's sentinels; the
   parameters of its latest checkpoint) of another run of this project."""
   root = epath.Path(path if "://" in path else os.path.abspath(path))  # orbax: absolute paths
@@ -97,7 +97,7 @@ def _restore_run(path: str) -> tuple[int, Any]:
   with checkpoints.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False) as mgr:
     step = mgr.latest_step()
     if step is None:
-      raise ValueError(f"config.init_from={path!r}: no checkpoint found in {ckpt_dir}")
+      raise ValueError(f"config.{field}={path!r}: no checkpoint found in {ckpt_dir}")
     params = mgr.restore_numpy(step)["params"]
   recorded = ckpt_dir.parent / "config.json"  # the run's config (checkpoints.write_config)
   kind = json.loads(recorded.read_text()).get("data", {}).get("kind") if recorded.exists() else None
@@ -148,7 +148,7 @@ def load_init_from(path: str, params: Any, vocab_size: int = 0) -> Any:
   classes, source = _load_pretrained(path) if pretrained else (0, None)
   extra = 0
   if not pretrained:
-    extra, source = _restore_run(path)
+    extra, source = restore_run(path)
   flat_src = {tree.path_str(k): v for k, v in jax.tree_util.tree_leaves_with_path(source)}
   copied = []
 

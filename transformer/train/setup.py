@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from transformer.convert import hf, sources
 from transformer.convert import tokenizers as _  # noqa: F401  (load_tokenizer: 'pretrained')
 from transformer.data.datasets import DataInfo, make_datasets
 from transformer.data.files import write_atomic
@@ -87,6 +88,8 @@ def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
   if not exp.task.images and longest > model_cfg.max_len:
     raise ValueError(f"config.seq_len={longest} exceeds config.model.max_len={model_cfg.max_len}")
   model = build_model(model_cfg.replace(attention_impl=attention_impl))
+  task, frozen = exp.task.frozen(model_cfg, load_trained)  # e.g. a distillation teacher
+  exp = dataclasses.replace(exp, task=task)
   params = init_params(model, exp.task, info, loop.seed)
   tx = create_optimizer(
     exp.optimizer, exp.schedule, params, trainable=lora.trainable(model_cfg, params)
@@ -107,8 +110,21 @@ def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
   runner = StepRunner(step_cfg, loop.parallelism, mesh, exp.rules)
   runner.check_batch_size(info.batch_size // loop.grad_accum_steps, "batch_size / grad_accum_steps")
   runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
-  state = create_train_state(params, tx, jax.random.PRNGKey(loop.seed + 1), ema=exp.ema.enabled)
+  state = create_train_state(
+    params, tx, jax.random.PRNGKey(loop.seed + 1), ema=exp.ema.enabled, frozen=frozen
+  )
   return Setup(exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state)
+
+
+def load_trained(source: str) -> tuple[ModelConfig, Any]:
+  """The model config and parameters of a trained model: `hf:DIR` (a Hugging Face
+  directory), or another run of this project (its workdir: the model config it saved and
+  its latest checkpoint's parameters)."""
+  if source.startswith(sources.HF.prefix):
+    config, variables = hf.load(source[len(sources.HF.prefix) :])
+    return config, variables["params"]
+  params = finetune.restore_run(source, field="data.teacher")[1]
+  return load_model_config(source), params
 
 
 def load_model_config(workdir: str) -> ModelConfig:

@@ -50,6 +50,7 @@ class TrainState:
   nonfinite_count: jax.Array  # int32 scalar: updates not applied because of NaN/Inf
   first_nonfinite_step: jax.Array  # int32 scalar: step number of the first such update, or -1
   ema_params: Any = None  # EMA of params (StepConfig.ema_decay > 0), else None (no leaves)
+  frozen: Any = None  # variables the task reads and nothing trains (`Task.frozen`), or None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +73,14 @@ class StepConfig:
 
 
 def create_train_state(
-  params: Any, tx: optax.GradientTransformation, rng: jax.Array, ema: bool = False
+  params: Any,
+  tx: optax.GradientTransformation,
+  rng: jax.Array,
+  ema: bool = False,
+  frozen: Any = None,
 ) -> TrainState:
-  """The state before the first update; `ema`: also an EMA of the parameters (a copy)."""
+  """The state before the first update; `ema`: also an EMA of the parameters (a copy);
+  `frozen`: the task's untrained variables (no optimizer state)."""
   return TrainState(
     step=jnp.zeros((), jnp.int32),
     params=params,
@@ -83,6 +89,7 @@ def create_train_state(
     nonfinite_count=jnp.zeros((), jnp.int32),
     first_nonfinite_step=jnp.full((), -1, jnp.int32),
     ema_params=copy_params(params) if ema else None,
+    frozen=frozen,
   )
 
 
@@ -112,27 +119,30 @@ def _update_ema(cfg: StepConfig, state: TrainState, params: Any) -> Any:
   return jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, state.ema_params, params)
 
 
-def _sums(cfg: StepConfig, params, batch: Batch, rng, deterministic: bool):
-  """Summed loss of one (micro-)batch and the sums behind the metrics."""
+BASE_SUMS = ("loss_sum", "weight_sum", "nll_sum", "correct_sum")  # the rest: auxiliary means
+
+
+def _sums(cfg: StepConfig, params, frozen, batch: Batch, rng, deterministic: bool):
+  """Summed loss of one (micro-)batch and the sums behind the metrics. `frozen`: the
+  task's untrained variables (training steps only; evaluation scores the model alone)."""
   rngs = {"dropout": rng} if rng is not None else {}
+  variables = {"params": params} if frozen is None else {"params": params, "frozen": frozen}
   logits, targets, weights, aux = cfg.task.forward_with_aux(
-    cfg.model, {"params": params}, batch, deterministic, rngs
+    cfg.model, variables, batch, deterministic, rngs
   )
-  loss_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
+  ce_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
     logits, targets, weights, cfg.label_smoothing, cfg.z_loss
   )
   correct, _ = losses.accuracy_sum(logits, targets, weights)
-  # Mixture-of-experts losses are means over this forward pass: weighted by its tokens,
-  # they enter the global sum like the cross-entropy (`moe.aux_losses`).
-  aux = {k: v * weight_sum for k, v in aux.items()}
-  if aux:
-    loss_sum = loss_sum + aux.pop("loss")
+  # Auxiliary terms are means over this forward pass: weighted by its tokens, they enter
+  # the global sum like the cross-entropy (`Task.objective`; the MoE terms by default).
+  loss_sum, aux_sums = cfg.task.objective(ce_sum, weight_sum, aux)
   sums = {
     "loss_sum": loss_sum,
     "weight_sum": weight_sum,
     "nll_sum": extra["nll_sum"],
     "correct_sum": correct,
-    **{f"{k}_sum": v for k, v in aux.items()},  # moe_balance_loss_sum, moe_router_z_loss_sum
+    **aux_sums,  # e.g. moe_balance_loss_sum, moe_router_z_loss_sum
   }
   return loss_sum, (sums, extra["normalizing_offset"])
 
@@ -157,7 +167,7 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   if cfg.axis_name is not None:  # each device draws its own dropout masks
     rng = jax.random.fold_in(rng, lax.axis_index(cfg.axis_name))
-  grad_fn = jax.grad(lambda p, b, r: _sums(cfg, p, b, r, False), has_aux=True)
+  grad_fn = jax.grad(lambda p, b, r: _sums(cfg, p, state.frozen, b, r, False), has_aux=True)
 
   if cfg.grad_accum_steps == 1:
     grads, (sums, offset) = grad_fn(state.params, batch, rng)
@@ -202,7 +212,7 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
     "update_norm": update_norm,
     "learning_rate": cfg.schedule(state.step) if cfg.schedule is not None else jnp.nan,
     "nonfinite_inputs": (~inputs_finite).astype(jnp.float32),  # 1: a NaN/Inf in the batch
-    **{k.removesuffix("_sum"): v / denom for k, v in sums.items() if k.startswith("moe_")},
+    **{k.removesuffix("_sum"): v / denom for k, v in sums.items() if k not in BASE_SUMS},
   }
   new_state = state.replace(
     step=state.step + 1,
@@ -225,7 +235,7 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
 
 def eval_step(params: Any, batch: Batch, *, cfg: StepConfig) -> dict[str, jax.Array]:
   """Summed metrics of one evaluation batch (weights 0 on padded rows/tokens)."""
-  _, (sums, _) = _sums(cfg, params, batch, None, True)
+  _, (sums, _) = _sums(cfg, params, None, batch, None, True)
   if cfg.axis_name is not None:
     sums = lax.psum(sums, cfg.axis_name)
   return sums
@@ -241,5 +251,5 @@ def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
     "perplexity": math.exp(min(nll, 700.0)),
     "nll": nll,
     "tokens": sums["weight_sum"],
-    **{k.removesuffix("_sum"): v / w for k, v in sums.items() if k.startswith("moe_")},
+    **{k.removesuffix("_sum"): v / w for k, v in sums.items() if k not in BASE_SUMS},
   }

@@ -1,0 +1,125 @@
+"""Knowledge distillation (Hinton, Vinyals and Dean 2015): a student trained on a frozen
+teacher's softened predictions, mixed with the labels.
+
+  loss = (1 - alpha) * CE(labels, student) + alpha * tau^2 * KL(p_teacher || p_student)
+
+per weighted position, with p = softmax(logits / tau) for both models; tau^2 keeps the
+soft term's gradients on the scale of the hard term's as tau changes (their section 2).
+Label smoothing and the z-loss apply to the CE term as in every task, and a MoE student's
+auxiliary losses are added unscaled.
+
+  data.kind='distill'          next-token prediction (the `lm` task's data, samples and
+                               evaluations) of a decoder student
+  data.teacher                 a run of this project (its workdir) or hf:DIR
+  data.distill_temperature     tau > 0
+  data.distill_alpha           in [0, 1]; 0 trains on the labels alone
+
+The teacher is loaded once, when the run is built (`Task.frozen`), and must share the
+student's output space (its vocabulary size; the token ids must mean the same: train the
+teacher on the same data and tokenizer). Its parameters live in the train state's
+`frozen` variables: checkpointed with the run, with no optimizer state, never updated
+(the gradient flows through the student only). It runs in the student's dtype, without
+dropout. Evaluations score the student alone, against the labels, so an evaluation loss
+compares with an undistilled student's. Metrics: `distill_kl`, the mean soft term (KL at
+tau, nats per weighted position), beside the mixed `loss`.
+
+Letters: B batch, T positions, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer.data.config import DataConfig, fail
+from transformer.data.files import one_line
+from transformer.nn.config import ModelConfig
+from transformer.nn.models import build_model
+from transformer.tasks.base import LoadFn
+from transformer.tasks.lm import LanguageModeling
+
+KL = "distill_kl"  # the auxiliary mean `forward_with_aux` returns in training steps
+
+
+def soft_kl_mean(
+  teacher_logits: jax.Array, student_logits: jax.Array, weights: jax.Array, temperature: float
+) -> jax.Array:
+  """Mean over weighted positions of KL(softmax(t / tau) || softmax(s / tau)), float32.
+
+  logits [B, T, V] (or [B, V]), weights of their leading shape; positions with weight 0
+  contribute exactly 0 (selected away, so their logits cannot leak a NaN)."""
+  t = teacher_logits.astype(jnp.float32) / temperature
+  s = student_logits.astype(jnp.float32) / temperature
+  log_p, log_q = jax.nn.log_softmax(t, axis=-1), jax.nn.log_softmax(s, axis=-1)
+  kl = jnp.sum(jnp.exp(log_p) * (log_p - log_q), axis=-1)  # [B, T]
+  weights = weights.astype(jnp.float32)
+  total = jnp.sum(jnp.where(weights > 0, kl * weights, 0.0))
+  return total / jnp.maximum(jnp.sum(weights), jnp.finfo(jnp.float32).tiny)
+
+
+@dataclasses.dataclass(frozen=True)
+class Distillation(LanguageModeling):
+  name = "distill"
+
+  teacher: str = ""  # a run's workdir or hf:DIR
+  temperature: float = 2.0
+  alpha: float = 0.5
+  teacher_model: nn.Module | None = None  # built by `frozen`, from the teacher's config
+
+  @classmethod
+  def create(cls, data: DataConfig, seq_len: int) -> Distillation:
+    del seq_len
+    return cls(data.teacher, data.distill_temperature, data.distill_alpha)
+
+  def check(self, model: ModelConfig, data: DataConfig) -> None:
+    super().check(model, data)
+    if not self.teacher:
+      fail("data.teacher", self.teacher, "distill needs a teacher: a run's workdir or hf:DIR")
+    if not (math.isfinite(self.temperature) and self.temperature > 0):
+      fail("data.distill_temperature", self.temperature, "must be a number > 0")
+    if not 0.0 <= self.alpha <= 1.0:
+      fail("data.distill_alpha", self.alpha, "must be in [0, 1]")
+
+  def frozen(self, model: ModelConfig, load: LoadFn) -> tuple[Distillation, Any]:
+    """The teacher's model and parameters, refused in one line when its output space is
+    not the student's."""
+    try:
+      teacher, params = load(self.teacher)
+    except (OSError, ValueError) as e:
+      message = str(e) if str(e).startswith("config.") else one_line(e)
+      raise ValueError(f"config.data.teacher={self.teacher!r}: {message}") from None
+    if teacher.family not in self.families:
+      fail("data.teacher", self.teacher, f"is a {teacher.family!r} model; distill reads "
+           f"{' or '.join(self.families)} teachers")  # fmt: skip
+    if teacher.vocab_size != model.vocab_size:
+      sizes = f"{teacher.vocab_size} ids and the student's {model.vocab_size}"
+      rule = f"its vocabulary has {sizes}: teacher and student must share the output space"
+      fail("data.teacher", self.teacher, rule)
+    teacher = teacher.replace(dropout_rate=0.0, attention_dropout_rate=0.0, dtype=model.dtype)
+    return dataclasses.replace(self, teacher_model=build_model(teacher)), {"teacher": params}
+
+  def forward_with_aux(self, model, variables, batch, deterministic, rngs):
+    student = {k: v for k, v in variables.items() if k != "frozen"}
+    logits, targets, weights, aux = super().forward_with_aux(
+      model, student, batch, deterministic, rngs
+    )
+    if "frozen" not in variables:  # evaluation: the student alone
+      return logits, targets, weights, aux
+    teacher = {"params": variables["frozen"]["teacher"]}
+    teacher_logits, _, _ = self.forward(self.teacher_model, teacher, batch, True, {})
+    kl = soft_kl_mean(jax.lax.stop_gradient(teacher_logits), logits, weights, self.temperature)
+    return logits, targets, weights, {**aux, KL: kl}
+
+  def objective(self, loss_sum, weight_sum, aux):
+    if KL not in aux:  # evaluation: the labels' cross-entropy
+      return super().objective(loss_sum, weight_sum, aux)
+    kl_sum = aux[KL] * weight_sum
+    mixed = (1.0 - self.alpha) * loss_sum + self.alpha * self.temperature**2 * kl_sum
+    rest = {k: v for k, v in aux.items() if k != KL}
+    mixed, sums = super().objective(mixed, weight_sum, rest)  # a MoE student's terms
+    return mixed, {**sums, f"{KL}_sum": kl_sum}
