@@ -70,7 +70,7 @@ def main() -> None:
   t_imports = time.perf_counter()
   import jax
 
-  from transformer.train import experiment, loop, setup
+  from transformer.train import actions, experiment, loop, setup
 
   imported = time.perf_counter()
   config = load_config(a.config, a.set)
@@ -115,7 +115,7 @@ def main() -> None:
   jax.block_until_ready(out)
   step_s = (time.perf_counter() - start) / n
   start = time.perf_counter()
-  loop.evaluate(s.runner, state, s.eval_factory, exp.eval.eval_batches)
+  actions.evaluate(s.runner, state, s.eval_factory, exp.eval.eval_batches)
   eval_s = time.perf_counter() - start
   shutil.rmtree(scratch, ignore_errors=True)
   if a.workdir is None:

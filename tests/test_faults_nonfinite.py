@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fault_runs import tiny_lm_config
 
-from transformer.train import checkpoints
+from transformer.train import actions, checkpoints
 from transformer.train import loop as train_lib
 
 
@@ -52,7 +52,7 @@ def nan_at(update: int, where: str) -> train_lib.Hooks:
 )
 def test_injected_nan_stops_naming_step_quantity_and_last_good_checkpoint(tmp_path, where, named):
   workdir = str(tmp_path / "run")
-  with pytest.raises(train_lib.NonFiniteError) as error:
+  with pytest.raises(actions.NonFiniteError) as error:
     train_lib.train_and_evaluate(tiny_lm_config(), workdir, nan_at(3, where))
   message = str(error.value)
   assert message.startswith(f"step 3: {named}")

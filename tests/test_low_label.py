@@ -192,7 +192,8 @@ def test_finished_runs_are_reused_only_with_the_same_settings(tmp_path):
 
 def test_a_pretrained_run_with_a_checkpoint_is_used_as_it_is(tmp_path):
   (tmp_path / "mlm" / "checkpoints" / "1000").mkdir(parents=True)
-  assert low_label.pretrain(tmp_path / "mlm") == tmp_path / "mlm"  # nothing trained
+  given = tmp_path / "mlm"
+  assert low_label.pretrain(given, 0, low_label.PRETRAINING) == given  # nothing trained
   with pytest.raises(ValueError, match="--examples must be positive"):
     low_label.run([0], [0], tmp_path, tmp_path / "mlm")
 

@@ -174,10 +174,14 @@ def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
   """The JSON objects of a .jsonl file, in order ([] if it does not exist; a line that is
   not a JSON object, such as one cut short by a kill, is skipped). Local or a URL."""
   path = epath.Path(path)
-  if not path.exists():
-    return []
+  return json_objects(path.read_text(encoding="utf-8").splitlines()) if path.exists() else []
+
+
+def json_objects(lines: Sequence[str | bytes]) -> list[dict[str, Any]]:
+  """The lines that are JSON objects, parsed, in order (others skipped: a line cut short by
+  a kill, a stray value)."""
   records = []
-  for line in path.read_text(encoding="utf-8").splitlines():
+  for line in lines:
     try:
       record = json.loads(line)
     except ValueError:

@@ -31,8 +31,8 @@ from transformer.nn import lora
 from transformer.nn.models import build_model
 from transformer.tasks import EvalOptions, Run
 from transformer.train import checkpoints, experiment, setup
-from transformer.train.loop import ema_view
-from transformer.train.loop import evaluate as evaluate_loss
+from transformer.train.actions import ema_view
+from transformer.train.actions import evaluate as evaluate_loss
 from transformer.train.workdir import absolute
 
 # Fields older runs saved that no longer exist (they were for tests only): ignored.

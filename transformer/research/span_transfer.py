@@ -36,10 +36,12 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
-from transformer.research.low_label import (
+from transformer.research import low_label
+from transformer.research.runs import (
   machine,
   mean_std,
   pretrain,
@@ -53,25 +55,14 @@ ARMS = ("fine-tuned", "scratch")
 
 
 @dataclasses.dataclass(frozen=True)
-class Settings:
-  """One run's budget besides N, the arm and the seed (the rest is the recipe's)."""
+class Settings(low_label.Settings):
+  """`low_label.Settings` with this experiment's budget."""
 
   steps: int = 1200  # updates; warmup 10% of them, then cosine
   learning_rate: float = 2e-3  # peak (the recipe's)
   eval_every: int = 300  # interval of the accuracy curve (the final step is always evaluated)
   eval_split: str = "test"  # the recipe's (BLEU at the end); the search: 'validation', no BLEU
-
-  def __post_init__(self):
-    if self.steps < 10 or self.eval_every < 1:
-      raise ValueError(f"steps must be >= 10, eval_every >= 1; got {self.steps}, {self.eval_every}")
-    if not self.learning_rate > 0:
-      raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
-    if self.eval_split not in ("test", "validation"):
-      raise ValueError(f"eval_split must be 'test' or 'validation', got {self.eval_split!r}")
-
-  @property
-  def name(self) -> str:
-    return f"lr{self.learning_rate:g}_steps{self.steps}"
+  min_steps: ClassVar[int] = 10
 
 
 @dataclasses.dataclass(frozen=True)

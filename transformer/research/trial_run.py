@@ -27,7 +27,7 @@ from typing import Any
 
 from etils import epath
 
-from transformer.data.files import is_remote, read_jsonl, write_atomic
+from transformer.data.files import is_remote, json_objects, read_jsonl, write_atomic
 from transformer.research.sweep_points import DONE, is_done, point_name, train_command
 from transformer.train.metric_writers import JSONL_NAME
 
@@ -60,15 +60,7 @@ class MetricsTail:
       chunk = f.read()
     self._offset += len(chunk)
     *lines, self._partial = (self._partial + chunk).split(b"\n")
-    records = []
-    for line in lines:
-      try:
-        record = json.loads(line)
-      except ValueError:
-        continue
-      if isinstance(record, dict):
-        records.append(record)
-    return records
+    return json_objects(lines)
 
 
 def _running(pid: Any, workdir: str) -> bool:

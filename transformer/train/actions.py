@@ -1,0 +1,271 @@
+"""What the training loop does between updates, as small objects with one shape: each says
+whether it is due after update `done` (`due(done)`) and does its work (`run(...)`), in
+the manner of clu's `periodic_actions`. `train/loop.py` builds them once and calls them
+in order after every update:
+
+  Throughput   tokens and examples since the last log line, minus the time spent in
+               evaluations and saves (`paused()`)
+  NonFinite    the NaN/Inf stop: the step records the first bad update on the device;
+               `check(state)` raises `NonFiniteError` naming the step and the quantity
+  Log          one console / metrics line every `log_every` updates
+  Evaluate     the evaluation split's loss metrics, the task's own and the EMA's
+  Save         a checkpoint every `checkpoint_every` updates, never past a NaN
+
+plus `evaluate` (loss metrics over an evaluation split; also `eval.py`'s) and `ema_view`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+
+from transformer.data.progress import progress
+from transformer.tasks import Run, Task
+from transformer.train import telemetry
+from transformer.train.checkpoints import CheckpointManager
+from transformer.train.experiment import Experiment
+from transformer.train.metric_writers import MetricWriter
+from transformer.train.parallel import StepRunner
+from transformer.train.step import summarize_eval
+
+
+class NonFiniteError(RuntimeError):
+  """A NaN or Inf appeared in the inputs, loss, gradients or update."""
+
+
+def ema_view(state):
+  """The state with its EMA weights as the parameters (for evaluation)."""
+  if state.ema_params is None:
+    raise ValueError("the train state has no EMA of the parameters (config.ema_decay=0)")
+  return state.replace(params=state.ema_params)
+
+
+def evaluate(
+  runner: StepRunner,
+  state,
+  eval_factory: Callable[[], Iterator[dict[str, np.ndarray]]],
+  max_batches: int = 0,
+  should_stop: Callable[[], bool] | None = None,
+  total: int | None = None,
+  desc: str = "evaluating",
+) -> dict | None:
+  """Means over the evaluation split (or its first `max_batches` batches); None when
+  `should_stop()`, asked before each batch, turned True (the evaluation is abandoned).
+  `total`: the batches one pass over the split yields, for the progress lines (with an
+  ETA) that a long evaluation prints under `desc` (process 0)."""
+  totals: dict[str, float] = {}
+  batches = eval_factory()
+  if max_batches:
+    batches = itertools.islice(batches, max_batches)
+    total = min(max_batches, total) if total else max_batches
+  for batch in progress(batches, total, desc, enabled=jax.process_index() == 0):
+    if should_stop is not None and should_stop():
+      return None
+    sums = jax.device_get(runner.eval(state, batch))
+    for k, v in sums.items():
+      totals[k] = totals.get(k, 0.0) + float(v)
+  if not totals:
+    raise ValueError("the evaluation split produced no batches")
+  return summarize_eval(totals)
+
+
+class Throughput:
+  """Tokens (the task's count) and examples since the last `rates()`, over the time spent
+  training: evaluations and saves run inside `paused()` and do not count."""
+
+  def __init__(self, task: Task):
+    self.task = task
+    self.start, self.tokens, self.examples = time.perf_counter(), 0.0, 0
+
+  def add(self, batch: dict[str, np.ndarray]) -> None:
+    self.tokens += self.task.count(batch)
+    self.examples += len(next(iter(batch.values())))
+
+  @contextlib.contextmanager
+  def paused(self):
+    began = time.perf_counter()
+    try:
+      yield
+    finally:
+      self.start += time.perf_counter() - began
+
+  def rates(self) -> tuple[float, float]:
+    """Global (tokens/s, examples/s) since the last call, which starts a new interval."""
+    now = time.perf_counter()
+    elapsed = max(now - self.start, 1e-9)
+    rates = (
+      self.tokens * jax.process_count() / elapsed,
+      self.examples * jax.process_count() / elapsed,
+    )
+    self.start, self.tokens, self.examples = now, 0.0, 0
+    return rates
+
+
+@dataclasses.dataclass
+class NonFinite:
+  """Stops the run at the first update whose inputs, loss, gradients or update were NaN/Inf
+  (or, with `skip`, lets the step skip and count them). The step records it on the device
+  (no per-update host sync); `record` keeps the device metrics of the updates since the
+  last check, so the message can name the quantity. Nothing is checkpointed past it."""
+
+  skip: bool
+  runner: StepRunner
+  ckpt: CheckpointManager
+  pending: dict[int, dict] = dataclasses.field(default_factory=dict)
+
+  def record(self, done: int, metrics: dict) -> None:
+    if not self.skip:
+      self.pending[done] = metrics
+
+  def check(self, state) -> None:
+    if self.skip:
+      return
+    host = self.runner.host_state(state)
+    count, first = jax.device_get((host.nonfinite_count, host.first_nonfinite_step))
+    if not int(count):
+      self.pending.clear()
+      return
+    first = int(first)
+    what = (
+      describe(self.pending[first]) if first in self.pending else "non-finite loss or gradients"
+    )
+    self.ckpt.wait_until_finished()
+    good = self.ckpt.latest_step()
+    raise NonFiniteError(
+      f"step {first}: {what}; the update was not applied and training stopped; last good "
+      f"checkpoint: {'step ' + str(good) if good is not None else 'none'} in "
+      f"{self.ckpt.directory} (kept). Rerunning resumes there and meets the same data: lower "
+      "the learning rate, fix the data, or set --config.skip_nonfinite=True to skip and "
+      "count such updates"
+    )
+
+
+def describe(metrics: dict) -> str:
+  """Which of an update's inputs, loss, gradients and update were NaN/Inf."""
+  m = {k: float(v) for k, v in jax.device_get(metrics).items()}
+  parts = []
+  if m.get("nonfinite_inputs", 0.0) or not np.isfinite(m.get("tokens", 0.0)):
+    parts.append("inputs (a NaN/Inf in the batch)")
+  if not np.isfinite(m["loss"]):
+    parts.append(f"loss ({m['loss']})")
+  if not np.isfinite(m["grad_norm"]):
+    parts.append(f"gradients (global norm {m['grad_norm']})")
+  if not np.isfinite(m["update_norm"]):
+    parts.append(f"optimizer update (global norm {m['update_norm']})")
+  shown = ", ".join(parts) or "loss or gradients"
+  return f"non-finite {shown}" + (f"; loss was {m['loss']:.6g}" if np.isfinite(m["loss"]) else "")
+
+
+@dataclasses.dataclass
+class Log:
+  """One line of the update's metrics and the throughput every `every` updates (and at
+  the first update of the run and the last)."""
+
+  every: int
+  first: int
+  total: int
+  writer: MetricWriter
+  throughput: Throughput
+  runner: StepRunner
+  skip_nonfinite: bool
+  flops_per_count: float = 0.0  # training FLOPs per unit the task counts (MFU)
+  peak_flops: float | None = None  # of one device; None: no MFU
+
+  def due(self, done: int) -> bool:
+    return done % self.every == 0 or done == self.total or done == self.first
+
+  def run(self, state, done: int, metrics: dict) -> None:
+    scalars = {k: float(v) for k, v in jax.device_get(metrics).items() if k != "nonfinite_inputs"}
+    scalars["tokens_per_sec"], scalars["examples_per_sec"] = self.throughput.rates()
+    if self.peak_flops is not None and self.flops_per_count:
+      scalars["mfu"] = telemetry.mfu(
+        self.flops_per_count, scalars["tokens_per_sec"], self.peak_flops, jax.device_count()
+      )
+    if self.skip_nonfinite:
+      host = self.runner.host_state(state)
+      scalars["nonfinite_skipped"] = int(jax.device_get(host.nonfinite_count))
+    self.writer.write_scalars(done, scalars)
+
+
+@dataclasses.dataclass
+class Evaluate:
+  """The loss metrics on the evaluation split every `eval_every` updates and after the
+  last, plus the task's own when due and the EMA weights' (`ema_<name>`, logged as split
+  `eval_ema`). `run` returns None when a preemption notice interrupted it."""
+
+  exp: Experiment
+  runner: StepRunner
+  eval_factory: Callable[[], Iterator[dict[str, np.ndarray]]]
+  eval_batches_total: int  # batches one pass yields (progress lines)
+  writer: MetricWriter
+  view: Callable[[Any], Run]  # the model as the task's evaluations see it
+  should_stop: Callable[[], bool] | None = None
+
+  def due(self, done: int) -> bool:
+    every = self.exp.eval.eval_every
+    return done == self.exp.loop.num_train_steps or bool(every and done % every == 0)
+
+  def run(self, state, done: int) -> dict | None:
+    metrics = self.loss(state, f"evaluating at step {done}")
+    if metrics is None:
+      return None
+    extras = self.exp.eval.extras(self.exp.loop.seed)
+    total = self.exp.loop.num_train_steps
+    metrics |= self.exp.task.during_training(self.view(state), extras, done, total)
+    self.writer.write_scalars(done, metrics, split="eval")
+    if not self.exp.ema.enabled:
+      return metrics
+    ema = self.loss(ema_view(state), f"evaluating the EMA at step {done}")
+    if ema is None:
+      return None
+    self.writer.write_scalars(done, ema, split="eval_ema")
+    return metrics | {f"ema_{k}": v for k, v in ema.items()}
+
+  def loss(self, state, desc: str) -> dict | None:
+    """The loss metrics alone (no log); None when interrupted (`should_stop`)."""
+    return evaluate(
+      self.runner, state, self.eval_factory, self.exp.eval.eval_batches, self.should_stop,
+      total=self.eval_batches_total, desc=desc,
+    )  # fmt: skip
+
+
+@dataclasses.dataclass
+class Save:
+  """A checkpoint every `checkpoint_every` updates and after the last (train state, this
+  process's data-iterator position, the config; ranked by the evaluation's `best_metric`
+  when one ran at that update)."""
+
+  every: int
+  total: int
+  best_metric: str
+  ckpt: CheckpointManager
+  runner: StepRunner
+  train_iter: Any
+  config: Any
+  writer: MetricWriter
+
+  def due(self, done: int) -> bool:
+    return done % self.every == 0 or done == self.total
+
+  def run(self, state, done: int, evaluation: dict | None = None) -> None:
+    ranked = None if evaluation is None else {f"eval_{k}": v for k, v in evaluation.items()}
+    if self.best_metric and ranked is None:
+      ranked = {f"eval_{self.best_metric}": float("nan")}
+    self.writer.flush()  # metrics up to a checkpoint reach object storage with it
+    self.save(state, ranked)
+
+  def save(self, state, metrics: dict | None = None) -> int:
+    """Writes the state's step unless it exists; returns the step."""
+    host = self.runner.host_state(state)
+    step = int(jax.device_get(host.step))
+    if step not in self.ckpt.all_steps():
+      data_state = self.train_iter.get_state()
+      self.ckpt.save(step, host, data_state=data_state, config=self.config, metrics=metrics)
+    return step
