@@ -10,21 +10,11 @@ comparison arm. Everything but the width and the objective is configs/lm_shakesp
 Results over 3 seeds: docs/RESEARCH.md ("Knowledge distillation").
 """
 
-import importlib.util
-from pathlib import Path
-
-
-def _default_config():
-  """configs/lm_shakespeare.py's config, read beside this file (from any working directory)."""
-  path = Path(__file__).with_name("lm_shakespeare.py")
-  spec = importlib.util.spec_from_file_location("lm_shakespeare", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from transformer.train.config_files import beside
 
 
 def get_config(arg=None):
-  config = _default_config()
+  config = beside(__file__, "lm_shakespeare")
   m = config.model
   m.d_model = 64  # half the teacher's width, with its depth and head count
   m.d_ff = 256

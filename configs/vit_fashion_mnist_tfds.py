@@ -9,21 +9,12 @@ dataset's `ClassLabel`. Result: as configs/vit_fashion_mnist.py (88.56% test acc
 after 3,500 steps), which reads the same images from data/fashion-mnist.
 """
 
-import importlib.util
-from pathlib import Path
-
-
-def _shipped_config():
-  path = Path(__file__).with_name("vit_fashion_mnist.py")
-  spec = importlib.util.spec_from_file_location("vit_fashion_mnist", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config()
+from transformer.train.config_files import beside
 
 
 def get_config(arg=None):
   del arg
-  config = _shipped_config()
+  config = beside(__file__, "vit_fashion_mnist")
   d = config.data
   d.source = "tfds"  # a prepared TFDS dataset
   d.path = "fashion_mnist"  # Xiao et al. 2017

@@ -37,7 +37,6 @@ one line naming it.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import inspect
 import json
 import os
@@ -51,6 +50,7 @@ from typing import Any
 from transformer.data.files import is_remote
 from transformer.research.sweep_points import point_name, train_command
 from transformer.research.sweep_results import to_markdown, write_results
+from transformer.train import config_files
 
 SEARCHES = ("grid", "random", "tpe")
 SCHEDULERS = ("fifo", "asha")
@@ -63,10 +63,7 @@ def load_module(config: str) -> tuple[ModuleType, str | None]:
   path, _, arg = config.partition(":")
   if not os.path.isfile(path):
     raise ValueError(f"--config: no such file {path!r}")
-  spec = importlib.util.spec_from_file_location("_sweep_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module, arg or None
+  return config_files.load_module(path, "_sweep_config"), arg or None
 
 
 def _call(fn: Any, arg: str | None) -> Any:
