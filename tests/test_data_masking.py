@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from transformer.data import images, masking, pipeline
+from transformer.data import image_pipeline, images, masking, pipeline
 from transformer.data.tokenizers import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 
 VOCAB = 1000
@@ -163,18 +163,18 @@ def test_images_in_memory_give_the_batches_of_record_by_record_reads(monkeypatch
   source = [{"image": rng.integers(0, 256, (6, 5), np.uint8), "label": i % 10} for i in range(103)]
   loader = pipeline.Loader(process_index=1, process_count=2)
   kw = dict(batch_size=8, train=True, mean=(0.3,), std=(0.35,), seed=3, loader=loader)
-  held = pipeline.in_memory_images(source, loader)
+  held = image_pipeline.in_memory_images(source, loader)
   assert held[0].shape == (51, 6, 5, 1) and list(held[1][:3]) == [1, 3, 5]  # this host's shard
-  fast = list(itertools.islice(pipeline.image_dataset(source, **kw), 15))  # about 2 epochs
-  monkeypatch.setattr(pipeline, "IN_MEMORY_IMAGE_BYTES", 0)  # record by record
-  assert pipeline.in_memory_images(source, loader) is None
-  slow = list(itertools.islice(pipeline.image_dataset(source, **kw), 15))
+  fast = list(itertools.islice(image_pipeline.image_dataset(source, **kw), 15))  # about 2 epochs
+  monkeypatch.setattr(image_pipeline, "IN_MEMORY_IMAGE_BYTES", 0)  # record by record
+  assert image_pipeline.in_memory_images(source, loader) is None
+  slow = list(itertools.islice(image_pipeline.image_dataset(source, **kw), 15))
   for a, b in zip(fast, slow, strict=True):
     assert a["image"].dtype == b["image"].dtype == np.float32
     np.testing.assert_array_equal(a["image"], b["image"])
     np.testing.assert_array_equal(a["label"], b["label"])
   mixed = source[:3] + [{"image": np.zeros((5, 6), np.uint8), "label": 0}]
-  assert pipeline.in_memory_images(mixed, pipeline.Loader(0, 1)) is None  # sizes vary
+  assert image_pipeline.in_memory_images(mixed, pipeline.Loader(0, 1)) is None  # sizes vary
 
 
 def test_resize_center_crop():

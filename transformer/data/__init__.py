@@ -40,7 +40,8 @@ Building blocks, usable alone:
   tokenizers.CharTokenizer / ByteTokenizer / SentencePieceTokenizer, get_tokenizer,
   load_tokenizer. packing.pack / pad_example / packing_efficiency.
   masking.mask_tokens. images.normalize / augment. pipeline.lm_dataset / mlm_dataset /
-  classification_dataset / seq2seq_dataset / image_dataset (-> grain.IterDataset).
+  classification_dataset / seq2seq_dataset (-> grain.IterDataset); image_pipeline:
+  image_dataset.
 """
 
 from transformer.data.config import PRESETS, DataConfig

@@ -20,7 +20,7 @@ Batch keys (B per-host batch, T seq_len, S inputs length; int32 unless noted):
   classification: inputs ([CLS] first), segment_ids, positions [B, T]; label [B]
   seq2seq:        inputs, inputs_segment_ids, inputs_positions [B, S]; targets (end in EOS),
                   targets_segment_ids, targets_positions, weights f32 [B, T]
-  image:          image f32 [B, H, W, C] (normalised); label [B]
+  image:          image f32 [B, H, W, C] (normalised); label [B]  (`image_pipeline.py`)
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def to_iter(ds: grain.MapDataset, loader: Loader) -> grain.IterDataset:
   return ds.to_iter_dataset(options)
 
 
-def _prefetched(ds: grain.IterDataset, loader: Loader) -> grain.IterDataset:
+def prefetched(ds: grain.IterDataset, loader: Loader) -> grain.IterDataset:
   if loader.num_workers > 0:
     from absl import flags
 
@@ -112,7 +112,7 @@ def _prefetched(ds: grain.IterDataset, loader: Loader) -> grain.IterDataset:
 
 
 def train_batches(ds: grain.IterDataset, batch_size: int, loader: Loader) -> grain.IterDataset:
-  return _prefetched(ds.batch(batch_size, drop_remainder=True), loader)
+  return prefetched(ds.batch(batch_size, drop_remainder=True), loader)
 
 
 class _PaddedRows:
@@ -135,7 +135,7 @@ def eval_batches(
   if not len(rows):
     raise ValueError("evaluation split is empty")
   padded = grain.MapDataset.range(num_batches * batch_size).map(_PaddedRows(rows, rows[0]))
-  return _prefetched(to_iter(padded.batch(batch_size), loader), loader)
+  return prefetched(to_iter(padded.batch(batch_size), loader), loader)
 
 
 def token_stream(
@@ -360,71 +360,3 @@ def seq2seq_dataset(
   return _finish_examples(
     ds, lengths, features.seq2seq_batch_features, batch_size, packed, seed, loader
   )
-
-
-IN_MEMORY_IMAGE_BYTES = 1 << 30  # a host's training images up to this size are held in memory
-
-
-def in_memory_images(
-  source: Sequence, loader: Loader, image_key: str = "image", label_key: str = "label"
-) -> tuple[np.ndarray, np.ndarray] | None:
-  """This host's shard of `source` read once into uint8 [N, H, W, C] images and int32 [N]
-  labels, in shard order; None when the images differ in shape or would take more than
-  `IN_MEMORY_IMAGE_BYTES` (they are then read record by record)."""
-  index, count = loader.host()
-  indices = range(index, len(source), count)
-  if not len(indices):
-    return None
-  first = np.asarray(source[indices[0]][image_key])
-  if first.dtype != np.uint8 or len(indices) * first.nbytes > IN_MEMORY_IMAGE_BYTES:
-    return None
-  shape = first.shape if first.ndim == 3 else (*first.shape, 1)  # [H, W, C]
-  held = np.empty((len(indices), *shape), np.uint8)
-  labels = np.empty(len(indices), np.int32)
-  for i, (_, record) in enumerate(features.read_records(source, indices)):
-    image = np.asarray(record[image_key])
-    if image.shape not in (shape, shape[:2]):
-      return None  # sizes vary: record by record
-    held[i] = image.reshape(shape)
-    labels[i] = record[label_key]
-  return held, labels
-
-
-def image_dataset(
-  source: Sequence,
-  *,
-  batch_size: int,
-  train: bool,
-  mean: Sequence[float],
-  std: Sequence[float],
-  seed: int = 0,
-  crop_padding: int = 0,
-  flip: bool = False,
-  image_key: str = "image",
-  label_key: str = "label",
-  image_size: int | None = None,
-  loader: Loader = Loader(),
-) -> grain.IterDataset:
-  """Image classification batches (keys image, label); augmentation when training.
-
-  `image_size` first resizes (shorter side) and centre-crops every image to a square,
-  for datasets whose images differ in size. Training images of one shape that fit in
-  `IN_MEMORY_IMAGE_BYTES` are read once (`in_memory_images`) and each batch is gathered,
-  augmented and normalised at once (`features.ImageBatch`): the same images in the same
-  order as record by record, without a record read and a transform per image.
-  """
-  transform = features.Image(
-    tuple(mean), tuple(std), crop_padding, flip, image_key, label_key, image_size
-  )
-  if not train:
-    return eval_batches(records(source, loader).map(transform), len(source), batch_size, loader)
-  held = None if image_size else in_memory_images(source, loader, image_key, label_key)
-  if held is not None:  # the same image order; augmented a batch at a time
-    batch = features.ImageBatch(*held, tuple(mean), tuple(std), crop_padding, flip)
-    ds = shuffled(grain.MapDataset.range(len(held[1])), seed, loader)
-    ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.random_map(batch, seed=derive_seed(seed, "augment"))
-    return _prefetched(to_iter(ds, loader), loader)
-  ds = shuffled(records(source, loader), seed, loader)
-  ds = ds.random_map(transform, seed=derive_seed(seed, "augment"))
-  return train_batches(to_iter(ds, loader), batch_size, loader)

@@ -10,7 +10,7 @@ import dataclasses
 
 import grain
 
-from transformer.data import pipeline
+from transformer.data import image_pipeline
 from transformer.data.config import IMAGE_SOURCES, DataConfig, fail
 from transformer.data.spec import F32, I32, DataContext, DataSpec
 from transformer.nn import models
@@ -19,7 +19,7 @@ from transformer.tasks.labels import Classifying, labels_and_weights
 
 
 def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
-  return pipeline.image_dataset(
+  return image_pipeline.image_dataset(
     c.source(train),
     batch_size=rows,
     train=train,
