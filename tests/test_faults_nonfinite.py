@@ -3,8 +3,10 @@ step, the quantity and the last good checkpoint; `skip_nonfinite` skips and coun
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from typing import ClassVar
 
 import fault_harness as fh
 import jax
@@ -13,33 +15,82 @@ import numpy as np
 import pytest
 from fault_runs import tiny_lm_config
 
+from transformer import tasks
+from transformer.tasks.lm import LanguageModeling
 from transformer.train import actions, checkpoints
 from transformer.train import loop as train_lib
 
 
-def nan_at(update: int, where: str) -> train_lib.Hooks:
-  """Hooks that make update `update` (1-based) NaN in its inputs, loss or gradients."""
-  if where == "inputs":
+@dataclasses.dataclass(frozen=True)
+class _Poisoned(LanguageModeling):
+  """The LM task, plus a NaN in the loss or the gradients of the updates whose batch
+  carries `poison` = 1 (a [B] float key the test's batch hook adds to every batch)."""
 
-    def batch(done, batch):
-      if done != update:
-        return batch
-      out = dict(batch)  # a NaN in the first element of every floating-point array
-      for key, value in batch.items():
-        if np.issubdtype(np.asarray(value).dtype, np.floating):
-          out[key] = np.array(value, copy=True)
-          out[key].reshape(-1)[0] = np.nan
+  name = "lm_poisoned"
+  where: ClassVar[str] = "loss"
+
+  def forward_with_aux(self, model, variables, batch, deterministic, rngs):
+    batch = dict(batch)
+    poison = batch.pop("poison", None)  # evaluation batches have none
+    out = super().forward_with_aux(model, variables, batch, deterministic, rngs)
+    return out if poison is None else (*out[:3], {**out[3], "poison": jnp.max(poison)})
+
+  def objective(self, loss_sum, weight_sum, aux):
+    aux = dict(aux)
+    poison = aux.pop("poison", None)
+    if poison is not None and self.where == "loss":
+      loss_sum = loss_sum + jnp.where(poison > 0, jnp.nan, 0.0)
+    elif poison is not None:
+      loss_sum = _nan_gradient(loss_sum, poison)
+    return super().objective(loss_sum, weight_sum, aux)
+
+
+@jax.custom_vjp
+def _nan_gradient(x, poison):
+  """x; its gradient NaN where `poison` > 0."""
+  return x
+
+
+def _nan_gradient_fwd(x, poison):
+  return x, poison
+
+
+def _nan_gradient_bwd(poison, g):
+  return g * jnp.where(poison > 0, jnp.nan, 1.0), jnp.zeros_like(poison)
+
+
+_nan_gradient.defvjp(_nan_gradient_fwd, _nan_gradient_bwd)
+
+
+def nan_at(update: int, where: str, monkeypatch) -> train_lib.Hooks:
+  """Hooks that make update `update` (1-based) NaN in its inputs, loss or gradients: the
+  inputs through the batch; the loss or the gradients through a task installed for the
+  test (`data.kind='lm_poisoned'`), the train step itself unchanged."""
+
+  def batch(done, batch):
+    out = dict(batch)
+    if where == "inputs":
+      if done == update:  # a NaN in the first element of every floating-point array
+        for key, value in batch.items():
+          if np.issubdtype(np.asarray(value).dtype, np.floating):
+            out[key] = np.array(value, copy=True)
+            out[key].reshape(-1)[0] = np.nan
       return out
+    rows = len(next(iter(batch.values())))
+    out["poison"] = np.full(rows, float(done == update), np.float32)
+    return out
 
-    return train_lib.Hooks(batch=batch)
+  if where != "inputs":
+    poisoned = type("Poisoned", (_Poisoned,), {"where": where})
+    monkeypatch.setitem(tasks.TASKS, _Poisoned.name, dataclasses.dataclass(frozen=True)(poisoned))
+  return train_lib.Hooks(batch=batch)
 
-  def perturb(count, sums, grads):
-    nan = jnp.where(count + 1 == update, jnp.nan, 0.0)
-    if where == "loss":
-      return {**sums, "loss_sum": sums["loss_sum"] + nan}, grads
-    return sums, jax.tree.map(lambda g: g + nan.astype(g.dtype), grads)
 
-  return train_lib.Hooks(perturb=perturb)
+def _config(where: str, **overrides):
+  config = tiny_lm_config(**overrides)
+  if where != "inputs":
+    config.data.kind = _Poisoned.name
+  return config
 
 
 @pytest.mark.parametrize(
@@ -50,10 +101,12 @@ def nan_at(update: int, where: str) -> train_lib.Hooks:
     ("grads", "non-finite gradients (global norm nan)"),
   ],
 )
-def test_injected_nan_stops_naming_step_quantity_and_last_good_checkpoint(tmp_path, where, named):
+def test_injected_nan_stops_naming_step_quantity_and_last_good_checkpoint(
+  tmp_path, where, named, monkeypatch
+):
   workdir = str(tmp_path / "run")
   with pytest.raises(actions.NonFiniteError) as error:
-    train_lib.train_and_evaluate(tiny_lm_config(), workdir, nan_at(3, where))
+    train_lib.train_and_evaluate(_config(where), workdir, nan_at(3, where, monkeypatch))
   message = str(error.value)
   assert message.startswith(f"step 3: {named}")
   assert f"last good checkpoint: step 2 in {workdir}/checkpoints (kept)" in message
@@ -64,10 +117,10 @@ def test_injected_nan_stops_naming_step_quantity_and_last_good_checkpoint(tmp_pa
   assert not os.path.exists(os.path.join(workdir, "run.lock"))
 
 
-def test_skip_nonfinite_skips_the_update_and_counts_it(tmp_path):
+def test_skip_nonfinite_skips_the_update_and_counts_it(tmp_path, monkeypatch):
   workdir = str(tmp_path / "run")
-  config = tiny_lm_config(skip_nonfinite=True, checkpoint_every=1)
-  train_lib.train_and_evaluate(config, workdir, nan_at(3, "grads"))
+  config = _config("grads", skip_nonfinite=True, checkpoint_every=1)
+  train_lib.train_and_evaluate(config, workdir, nan_at(3, "grads", monkeypatch))
   with checkpoints.CheckpointManager(os.path.join(workdir, "checkpoints"), async_save=False) as m:
     states = {step: m.restore_numpy(step) for step in (2, 3, 4)}
   assert fh.bit_equal(states[2]["params"], states[3]["params"]) == []  # update 3 not applied

@@ -11,8 +11,8 @@ SIGTERM (or, on several processes, JAX's preemption sync point) saves the curren
 within `preemption_grace_seconds` and returns {'preempted': 1.0, 'step': N}; a NaN/Inf
 update is never applied and stops the run naming the step, the quantity and the last
 good checkpoint (or is skipped and counted with `skip_nonfinite`). `Hooks` let a caller
-watch the phases of a run, alter host batches or perturb the step (the fault-injection
-tests do).
+watch the phases of a run and alter host batches (the fault-injection tests do; nothing of
+them is compiled into the step).
 
 With a parameter EMA (`config.ema_decay`) every evaluation also runs on the EMA weights,
 logged as split `eval_ema` and returned as `ema_loss`, ...; a checkpoint written without
@@ -62,7 +62,6 @@ class Hooks:
   phase: Callable[[str, int], None] | None = None  # (build | restore | train | eval | save |
   # finish, update number) as the loop enters each phase
   batch: Callable[[int, dict], dict] | None = None  # (update number, host batch) -> batch
-  perturb: Any = None  # `StepConfig.perturb`, compiled into the train step
 
   def enter(self, name: str, step: int) -> None:
     if self.phase is not None:
@@ -87,7 +86,7 @@ def train_and_evaluate(
   with run_lock(workdir) as lock, Preemption(loop.preemption_grace_seconds) as preemption:
     # Build, then restore the latest checkpoint (or start from `init_from`).
     hooks.enter("build", 0)
-    s = setup.build(exp, workdir, perturb=hooks.perturb)
+    s = setup.build(exp, workdir)
     exp, runner = s.exp, s.runner  # the task as built (e.g. with a distillation teacher)
     setup.check_same_model(workdir, s.model_cfg)
     ckpt = checkpoints.CheckpointManager(

@@ -68,11 +68,8 @@ def init_params(model, task: Task, info: DataInfo, seed: int) -> Any:
   return jax.jit(init)(rng)["params"]
 
 
-def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
-  """Data, model, optimizer, compiled steps and an initial state for `exp`.
-
-  `perturb` is the step's optional hook (`StepConfig.perturb`).
-  """
+def build(exp: Experiment, workdir: str) -> Setup:
+  """Data, model, optimizer, compiled steps and an initial state for `exp`."""
   loop = exp.loop
   attention_impl, why = resolve_attention_impl(exp.model)  # a missing GPU / TPU fails here
   print(f"attention: {attention_impl} ({why})")
@@ -102,7 +99,6 @@ def build(exp: Experiment, workdir: str, perturb=None) -> Setup:
     z_loss=loop.z_loss,
     grad_accum_steps=loop.grad_accum_steps,
     schedule=exp.schedule,
-    perturb=perturb,
     ema_decay=exp.ema.ema_decay,
     ema_warmup=exp.ema.ema_warmup,
   )

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from typing import Any
 
 import flax.linen as nn
@@ -65,9 +64,6 @@ class StepConfig:
   grad_accum_steps: int = 1
   axis_name: str | None = None  # set for pmap
   schedule: Any = None  # count -> learning rate, for logging
-  # (update count before this step, sums, grads) -> (sums, grads): a hook applied after the
-  # gradients are summed and before the optimizer (tests inject faults through it).
-  perturb: Callable[[jax.Array, dict, Any], tuple[dict, Any]] | None = None
   ema_decay: float = 0.0  # decay of the parameter EMA (0 = none; the state then has none)
   ema_warmup: bool = False  # decay min(ema_decay, (1 + t) / (10 + t)) at update count t
 
@@ -191,8 +187,6 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
     grads, sums = lax.psum((grads, sums), cfg.axis_name)
   denom = jnp.maximum(sums["weight_sum"], 1.0)
   grads = jax.tree.map(lambda g: g / denom, grads)
-  if cfg.perturb is not None:
-    sums, grads = cfg.perturb(state.step, sums, grads)
   updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
 
