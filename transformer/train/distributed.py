@@ -48,7 +48,6 @@ import atexit
 import contextlib
 import ctypes
 import dataclasses
-import json
 import os
 import signal
 import socket
@@ -61,13 +60,13 @@ from typing import Any
 import jax
 
 from transformer.data.files import one_line
+from transformer.train import same_config
 
 _EXPLICIT = ("TRANSFORMER_COORDINATOR", "TRANSFORMER_NUM_PROCESSES", "TRANSFORMER_PROCESS_ID")
 DEFAULT_TIMEOUT_S = 180  # seconds without a peer's heartbeat before it counts as lost
 LOST_PEER_STATUS = 75  # exit status of the survivors of a lost process (EX_TEMPFAIL)
 POLL_S = 1.0  # how often the watch asks for the live processes
 _KEYS = "transformer"  # key-value store namespace
-PER_HOST_FIELDS = ("compilation_cache_dir",)  # config fields that may differ by process
 
 
 def _fail(message: str) -> None:
@@ -146,70 +145,13 @@ def maybe_initialize(config: Any = None, workdir: str | None = None) -> None:
   _GROUP = _Group(state.client, jax.process_index(), jax.process_count(), address, timeout)
   _GROUP.checkpoint_dir = os.path.join(workdir, "checkpoints") if workdir else None
   atexit.register(_leave_at_exit)  # runs before JAX's own shutdown (registered earlier)
-  if config is not None:
-    check_same_config(config, workdir)
-  _GROUP.start_watch()
-
-
-# ----------------------------------------------------------------------------------------
-# The same config on every process.
-
-
-def flatten_config(config: Any, workdir: str | None = None) -> dict[str, str]:
-  """'config.a.b' -> the value as JSON, plus '--workdir'; the fields compared across
-  processes (`PER_HOST_FIELDS` left out)."""
-  tree = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-  flat: dict[str, str] = {}
-
-  def walk(prefix: str, node: Any) -> None:
-    if isinstance(node, dict):
-      for key in sorted(node):
-        walk(f"{prefix}.{key}", node[key])
-    elif prefix[len("config.") :] not in PER_HOST_FIELDS:
-      flat[prefix] = json.dumps(node, sort_keys=True, default=repr)
-
-  walk("config", tree)
-  if workdir is not None:
-    from transformer.train.workdir import absolute
-
-    flat["--workdir"] = json.dumps(absolute(workdir))
-  return flat
-
-
-def config_differences(configs: list[dict[str, str]]) -> list[str]:
-  """'FIELD is A on process 0 and B on process K' for every field where a process differs
-  from process 0."""
-  out = []
-  first = configs[0]
-  for index, other in enumerate(configs[1:], start=1):
-    for name in sorted(set(first) | set(other)):
-      a, b = first.get(name, "(absent)"), other.get(name, "(absent)")
-      if a != b:
-        out.append(f"{name} is {a} on process 0 and {b} on process {index}")
-  return out
-
-
-def check_same_config(config: Any, workdir: str | None) -> None:
-  """Ends every process in one line when the processes' configs or workdirs differ."""
-  g = _GROUP
-  mine = flatten_config(config, workdir)
-  g.client.key_value_set(f"{_KEYS}/config/{g.me}", json.dumps(mine))
-  configs = []
-  for index in range(g.count):
-    try:
-      text = g.client.blocking_key_value_get(f"{_KEYS}/config/{index}", g.timeout * 1000)
-    except Exception as e:
-      _fail(f"process {index} of {g.count} did not publish its config within {g.timeout}s "
-            f"(config.distributed_timeout_s): {one_line(e)}")  # fmt: skip
-    configs.append(json.loads(text))
-  differences = config_differences(configs)
-  if differences:
-    more = len(differences) - 5
-    shown = "; ".join(differences[:5]) + (f"; and {more} more" if more > 0 else "")
-    _fail(
-      f"the {g.count} processes were started with different configs: {shown}; start every "
-      "process with the same --config, overrides and --workdir"
+  if config is not None:  # the same config on every process, before anything is built
+    problem = same_config.disagreement(
+      _GROUP.client, _GROUP.me, _GROUP.count, _GROUP.timeout, f"{_KEYS}/config", config, workdir
     )
+    if problem:
+      _fail(problem)
+  _GROUP.start_watch()
 
 
 # ----------------------------------------------------------------------------------------
