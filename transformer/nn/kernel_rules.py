@@ -24,7 +24,7 @@ def fused_attention_problem(c: ModelConfig, impl: str) -> str | None:
   """Why the fused kernel `impl` ('cudnn' or 'splash') cannot run config `c`, or None.
 
   What the backend decides (a GPU or TPU present, cuDNN's head-dim limit before Hopper)
-  is checked where a run starts, `kernels.resolve_attention_impl`.
+  is checked where a run starts, `resolve_attention_impl`.
   """
   name = {"cudnn": "cuDNN attention", "splash": "splash attention"}[impl]
   if c.attention_dropout_rate > 0.0:
