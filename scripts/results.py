@@ -7,7 +7,7 @@ The manifest (scripts/results.toml; its header documents the fields) lists the r
 name, config, workdir, extra flags, the metrics to show with their labels and formats,
 and optional targets. For each recipe whose workdir exists the page shows
   * from WORKDIR/runs.jsonl (one record per train.py invocation,
-    transformer/train/run_record.py): the last invocation that completed training steps:
+    transformer/train/guard/run_record.py): the last invocation that completed training steps:
     its wall time from the process start, CPU user + system seconds, the CPU's vector ISA,
     the load average at its start and end, the steps it trained;
   * from WORKDIR/metrics.jsonl: the last line of the recipe's split ("eval"), i.e. the
@@ -42,7 +42,7 @@ from transformer.data.files import read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = REPO / "scripts" / "results.toml"
-RUNS_NAME = "runs.jsonl"  # = transformer.train.run_record.RUNS_NAME
+RUNS_NAME = "runs.jsonl"  # = transformer.train.guard.run_record.RUNS_NAME
 METRICS_NAME = "metrics.jsonl"  # = transformer.train.metric_writers.JSONL_NAME
 CURVES_NAME = "curves.png"
 DASH = "—"

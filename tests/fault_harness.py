@@ -102,14 +102,17 @@ def processes(
   each: list[list[str]] | None = None,
   script: str | None = None,
   wrap: Callable[[list[str]], list[str]] | None = None,
+  envs: list[dict[str, str]] | None = None,
 ) -> list[Run]:
   """The `count` processes of one run (explicit TRANSFORMER_* variables, a fresh port);
-  `each[i]`: more overrides for process i; `wrap`: applied to each command (`SmallDisk`)."""
+  `each[i]`: more overrides for process i; `envs[i]`: more variables for process i;
+  `wrap`: applied to each command (`SmallDisk`)."""
   port = free_port()
   runs = []
   for i in range(count):
     variables = dict(
       env,
+      **(envs[i] if envs else {}),
       TRANSFORMER_COORDINATOR=f"127.0.0.1:{port}",
       TRANSFORMER_NUM_PROCESSES=str(count),
       TRANSFORMER_PROCESS_ID=str(i),

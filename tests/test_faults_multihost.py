@@ -250,6 +250,45 @@ def test_the_chain_ends_bit_exact(chain):
   assert not chain["source_changed"], "transformer/*.py changed during the test"
 
 
+STALL_S = 10  # config.stall_timeout_s of the stalled run
+STALLED = re.compile(
+  r"error: process 1 of 2 stalled \(alive, but no progress for 10s at update 6 while process 0 "
+  r"reached update (\d+)\); (process 0 stops too|it stops)\. Last good checkpoint: step (\d+) "
+  r"in (\S+); start all 2 processes again"
+)
+
+
+@pytest.mark.slow
+def test_stalled_peer_ends_every_process_naming_it_and_resumes_exactly(tmp_path, env, reference):
+  """Process 1 stays alive but makes no progress after update 6 (held in a phase hook, its
+  heartbeats still sent): both processes end with status 75 and one line naming process 1
+  and the last good checkpoint; both restarted, the run resumes there and ends bit-exact."""
+  workdir = str(tmp_path / "run")
+  stuck = fh.pause_env({}, "train 6", str(tmp_path / "never"))  # never released
+  stall = f"--config.stall_timeout_s={STALL_S}"
+  runs = fh.processes(2, workdir, env, *RUN, stall, script=fh.PAUSABLE, envs=[{}, stuck])
+  runs[1].wait_for(lambda line: line == "paused train 6")
+  held = time.monotonic()
+  codes = [run.wait() for run in runs]
+  waited = time.monotonic() - held
+  assert codes == [75, 75], "\n---\n".join(run.output()[-3000:] for run in runs)
+  assert STALL_S <= waited < STALL_S + 20, waited
+  survivor = fh.error_lines(runs[0])
+  assert len(survivor) == 1, runs[0].output()[-3000:]
+  match = STALLED.match(survivor[0])
+  assert match and match.group(2) == "process 0 stops too", survivor[0]
+  assert int(match.group(1)) > 6 and match.group(4) == os.path.join(workdir, "checkpoints")
+  named = int(match.group(3))
+  assert named == max(_committed(workdir)) >= 4, (named, _committed(workdir))
+  assert len(fh.error_lines(runs[1])) == 1, runs[1].output()[-3000:]  # the stuck one too
+
+  runs = fh.processes(2, workdir, env, *RUN, stall)
+  _resumed(runs, named)
+  codes = [run.wait() for run in runs]
+  assert codes == [0, 0], "\n---\n".join(run.output()[-3000:] for run in runs)
+  assert _same_as_reference(workdir, reference)[-1] == 12
+
+
 @pytest.mark.slow
 def test_inconsistent_configs_are_refused_on_every_process(tmp_path, env):
   workdir = str(tmp_path / "run")

@@ -17,7 +17,7 @@ from fault_runs import tiny_lm_config
 
 from transformer import tasks
 from transformer.tasks.lm import LanguageModeling
-from transformer.train import actions, checkpoints
+from transformer.train import checkpoints, guard
 from transformer.train import loop as train_lib
 
 
@@ -105,7 +105,7 @@ def test_injected_nan_stops_naming_step_quantity_and_last_good_checkpoint(
   tmp_path, where, named, monkeypatch
 ):
   workdir = str(tmp_path / "run")
-  with pytest.raises(actions.NonFiniteError) as error:
+  with pytest.raises(guard.NonFiniteError) as error:
     train_lib.train_and_evaluate(_config(where), workdir, nan_at(3, where, monkeypatch))
   message = str(error.value)
   assert message.startswith(f"step 3: {named}")

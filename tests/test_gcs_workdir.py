@@ -225,7 +225,7 @@ def test_lease_lock_on_object_storage(emulator, caplog):
   the lease's age, takes over an expired or unreadable lease."""
   from etils import epath
 
-  from transformer.train.workdir import LOCK_FILE, LeaseLock, run_lock
+  from transformer.train.guard.lock import LOCK_FILE, LeaseLock, run_lock
 
   url = f"gs://{BUCKET}/lease"
   path = epath.Path(url) / LOCK_FILE

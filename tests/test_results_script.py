@@ -18,7 +18,7 @@ import jax
 import pytest
 from session_env import PATIENCE_S
 
-from transformer.train import run_record
+from transformer.train.guard import run_record
 from transformer.train.loop import Hooks
 
 REPO = fh.REPO

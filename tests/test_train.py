@@ -313,7 +313,7 @@ def test_init_from_refuses_a_run_with_another_tokenizer(tmp_path, monkeypatch):
 
 
 def test_workdir_lock_refuses_live_owner_and_recovers_stale(tmp_path):
-  from transformer.train.workdir import LOCK_FILE, WorkdirLock
+  from transformer.train.guard.lock import LOCK_FILE, WorkdirLock
 
   workdir = str(tmp_path)
   with WorkdirLock(workdir):

@@ -6,7 +6,7 @@ The same flags and behaviour as `python train.py`; a `--config` path that is not
 here names a shipped config (`configs/...` of the checkout, or of `pip install .`). Every
 invocation that gets as far as building the run appends its record (command, wall and CPU
 time, CPU ISA, load, versions, steps, final metrics) to WORKDIR/runs.jsonl at the end,
-whether it completed, was preempted or stopped with an error (`train/run_record.py`).
+whether it completed, was preempted or stopped with an error (`train/guard/run_record.py`).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from ml_collections import config_flags
 
 from transformer import cli
 from transformer.data.config import resolve_shipped
-from transformer.train.distributed import maybe_initialize
+from transformer.train.guard.run_record import RunRecord
+from transformer.train.guard.startup import maybe_initialize
 from transformer.train.loop import Hooks, train_and_evaluate
-from transformer.train.run_record import RunRecord
 
 _CONFIG = config_flags.DEFINE_config_file(
   "config", None, "experiment config file", lock_config=True

@@ -5,8 +5,6 @@ in order after every update:
 
   Throughput   tokens and examples since the last log line, minus the time spent in
                evaluations and saves (`paused()`)
-  NonFinite    the NaN/Inf stop: the step records the first bad update on the device;
-               `check(state)` raises `NonFiniteError` naming the step and the quantity
   Log          one console / metrics line every `log_every` updates
   Evaluate     the evaluation split's loss metrics, the task's own and the EMA's
   Save         a checkpoint every `checkpoint_every` updates, never past a NaN
@@ -34,10 +32,6 @@ from transformer.train.experiment import Experiment
 from transformer.train.metric_writers import MetricWriter
 from transformer.train.parallel import StepRunner
 from transformer.train.step import summarize_eval
-
-
-class NonFiniteError(RuntimeError):
-  """A NaN or Inf appeared in the inputs, loss, gradients or update."""
 
 
 def ema_view(state):
@@ -106,61 +100,6 @@ class Throughput:
     )
     self.start, self.tokens, self.examples = now, 0.0, 0
     return rates
-
-
-@dataclasses.dataclass
-class NonFinite:
-  """Stops the run at the first update whose inputs, loss, gradients or update were NaN/Inf
-  (or, with `skip`, lets the step skip and count them). The step records it on the device
-  (no per-update host sync); `record` keeps the device metrics of the updates since the
-  last check, so the message can name the quantity. Nothing is checkpointed past it."""
-
-  skip: bool
-  runner: StepRunner
-  ckpt: CheckpointManager
-  pending: dict[int, dict] = dataclasses.field(default_factory=dict)
-
-  def record(self, done: int, metrics: dict) -> None:
-    if not self.skip:
-      self.pending[done] = metrics
-
-  def check(self, state) -> None:
-    if self.skip:
-      return
-    host = self.runner.host_state(state)
-    count, first = jax.device_get((host.nonfinite_count, host.first_nonfinite_step))
-    if not int(count):
-      self.pending.clear()
-      return
-    first = int(first)
-    what = (
-      describe(self.pending[first]) if first in self.pending else "non-finite loss or gradients"
-    )
-    self.ckpt.wait_until_finished()
-    good = self.ckpt.latest_step()
-    raise NonFiniteError(
-      f"step {first}: {what}; the update was not applied and training stopped; last good "
-      f"checkpoint: {'step ' + str(good) if good is not None else 'none'} in "
-      f"{self.ckpt.directory} (kept). Rerunning resumes there and meets the same data: lower "
-      "the learning rate, fix the data, or set --config.skip_nonfinite=True to skip and "
-      "count such updates"
-    )
-
-
-def describe(metrics: dict) -> str:
-  """Which of an update's inputs, loss, gradients and update were NaN/Inf."""
-  m = {k: float(v) for k, v in jax.device_get(metrics).items()}
-  parts = []
-  if m.get("nonfinite_inputs", 0.0) or not np.isfinite(m.get("tokens", 0.0)):
-    parts.append("inputs (a NaN/Inf in the batch)")
-  if not np.isfinite(m["loss"]):
-    parts.append(f"loss ({m['loss']})")
-  if not np.isfinite(m["grad_norm"]):
-    parts.append(f"gradients (global norm {m['grad_norm']})")
-  if not np.isfinite(m["update_norm"]):
-    parts.append(f"optimizer update (global norm {m['update_norm']})")
-  shown = ", ".join(parts) or "loss or gradients"
-  return f"non-finite {shown}" + (f"; loss was {m['loss']:.6g}" if np.isfinite(m["loss"]) else "")
 
 
 @dataclasses.dataclass
@@ -261,11 +200,14 @@ class Save:
     self.writer.flush()  # metrics up to a checkpoint reach object storage with it
     self.save(state, ranked)
 
-  def save(self, state, metrics: dict | None = None) -> int:
-    """Writes the state's step unless it exists; returns the step."""
+  def save(self, state, metrics: dict | None = None, wait: bool = False) -> int:
+    """Writes the state's step unless it exists (with `wait`: and waits for the write);
+    returns the step."""
     host = self.runner.host_state(state)
     step = int(jax.device_get(host.step))
     if step not in self.ckpt.all_steps():
       data_state = self.train_iter.get_state()
       self.ckpt.save(step, host, data_state=data_state, config=self.config, metrics=metrics)
+    if wait:
+      self.ckpt.wait_until_finished()
     return step

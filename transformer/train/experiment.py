@@ -35,7 +35,7 @@ from transformer.nn.partitioning import MESH_AXES, RULES
 from transformer.train import optimizer as optimizer_lib
 from transformer.train import pretrained as pretrained_lib
 from transformer.train import schedules
-from transformer.train.distributed import DEFAULT_TIMEOUT_S
+from transformer.train.guard.startup import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S
 from transformer.train.typed_config import as_dict, check_type, convert, field_type
 
 PARALLELISM = ("jit", "pmap")
@@ -68,6 +68,8 @@ class LoopConfig:
   compilation_cache_dir: str = ""  # persistent XLA compilation cache folder ('' = off)
   distributed_timeout_s: int = DEFAULT_TIMEOUT_S  # several processes: seconds without a
   # peer's heartbeat before the run stops naming it (the bound on every wait for the others)
+  stall_timeout_s: int = DEFAULT_STALL_S  # several processes: seconds without progress
+  # anywhere before the stuck process counts as lost (0 = never; guard/peers.py)
 
   def __post_init__(self):
     _positive(self, "num_train_steps", "batch_size", "seq_len", "grad_accum_steps", "log_every")
@@ -82,6 +84,7 @@ class LoopConfig:
     if not self.preemption_grace_seconds > 0:
       fail("preemption_grace_seconds", self.preemption_grace_seconds, "must be > 0")
     _positive(self, "distributed_timeout_s")
+    _positive(self, "stall_timeout_s", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,16 +1,19 @@
 """The training loop: `train_and_evaluate(config, workdir)`, top to bottom.
 
-  validate the config -> lock the workdir -> build (`setup.build`: data, model, optimizer,
-  compiled steps) -> restore the latest checkpoint (train state + data position) or load
-  `init_from` -> for each update: next batch, `train_step`, then the periodic actions
-  (`train/actions.py`: log, evaluate, save) -> curves PNG and the task's end (an LM
-  prints a sample). Rerunning the command continues an interrupted run exactly.
+  validate the config -> guard the run (lock, SIGTERM, peers) -> build (`setup.build`:
+  data, model, optimizer, compiled steps) -> restore the latest checkpoint (train state +
+  data position) or load `init_from` -> for each update: next batch, `train_step`, then
+  the periodic actions (`train/actions.py`: log, evaluate, save) -> curves PNG and the
+  task's end (an LM prints a sample). Rerunning the command continues an interrupted run
+  exactly.
 
-Faults (docs/RELIABILITY.md): a killed run resumes bit-exactly from its latest checkpoint;
+Faults (docs/RELIABILITY.md) are the business of one `RunGuard` (`train/guard/`), entered
+once and asked questions: a killed run resumes bit-exactly from its latest checkpoint;
 SIGTERM (or, on several processes, JAX's preemption sync point) saves the current update
-within `preemption_grace_seconds` and returns {'preempted': 1.0, 'step': N}; a NaN/Inf
-update is never applied and stops the run naming the step, the quantity and the last
-good checkpoint (or is skipped and counted with `skip_nonfinite`). `Hooks` let a caller
+within `preemption_grace_seconds` and returns {'preempted': 1.0, 'step': N}; a lost or
+stalled peer ends every process in one line; a NaN/Inf update is never applied and stops
+the run naming the step, the quantity and the last good checkpoint (or is skipped and
+counted with `skip_nonfinite`). `Hooks` let a caller
 watch the phases of a run and alter host batches (the fault-injection tests do; nothing of
 them is compiled into the step).
 
@@ -29,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -37,22 +39,14 @@ import jax
 import ml_collections
 
 from transformer.tasks import Run
-from transformer.train import (
-  checkpoints,
-  distributed,
-  experiment,
-  finetune,
-  setup,
-  telemetry,
-  tracking,
-)
-from transformer.train.actions import Evaluate, Log, NonFinite, Save, Throughput, ema_view, evaluate
+from transformer.train import checkpoints, experiment, finetune, setup, telemetry, tracking
+from transformer.train.actions import Evaluate, Log, Save, Throughput, ema_view, evaluate
 from transformer.train.curves import plot_curves
+from transformer.train.guard import NonFinite, RunGuard
 from transformer.train.metric_writers import MetricWriter
 from transformer.train.overview import parameter_overview
-from transformer.train.preemption import Preemption, run_within
 from transformer.train.step import copy_params
-from transformer.train.workdir import RunLock, prepare_workdir, run_lock
+from transformer.train.workdir import prepare_workdir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +77,7 @@ def train_and_evaluate(
   if loop.compilation_cache_dir:  # reuse compiled steps across runs and restarts
     jax.config.update("jax_compilation_cache_dir", loop.compilation_cache_dir)
   is_primary = jax.process_index() == 0
-  with run_lock(workdir) as lock, Preemption(loop.preemption_grace_seconds) as preemption:
+  with RunGuard(workdir, loop.preemption_grace_seconds) as guard:  # lock, SIGTERM, peers
     # Build, then restore the latest checkpoint (or start from `init_from`).
     hooks.enter("build", 0)
     s = setup.build(exp, workdir)
@@ -95,15 +89,15 @@ def train_and_evaluate(
       best_metric=f"eval_{exp.checkpoint.best_metric}" if exp.checkpoint.best_metric else None,
       best_mode=exp.checkpoint.best_mode,
     )
-    with distributed.watching(ckpt.directory), ckpt:  # several processes: leave in order
+    with guard.watching(ckpt), ckpt:
       hooks.enter("restore", 0)
       state, resumed = _restore_or_init(exp, s, ckpt)
       if is_primary:
         checkpoints.write_config(config, workdir)
         setup.save_model_config(workdir, s.model_cfg)
       start, total = int(jax.device_get(state.step)), loop.num_train_steps
-      if preemption.requested:  # SIGTERM while building: nothing new to save
-        print(f"{preemption.source} before training started: nothing new to save; stopped")
+      if guard.stopped_before_training():  # SIGTERM while building: nothing new to save
+        print(f"{guard.source} before training started: nothing new to save; stopped")
         return {"preempted": 1.0, "step": float(start)}
       tracker = tracking.WandbTracker.start(exp.wandb, workdir, config, is_primary)
       writer = MetricWriter(
@@ -133,7 +127,7 @@ def train_and_evaluate(
         log = Log(loop.log_every, start + 1, total, writer, throughput, runner,
                   loop.skip_nonfinite, flops_per_count, peak)  # fmt: skip
         evaluation = Evaluate(exp, runner, s.eval_factory, s.info.eval_batches, writer, view,
-                              should_stop=preemption.interrupts_evaluation)  # fmt: skip
+                              should_stop=guard.should_stop_evaluation)  # fmt: skip
         save = Save(exp.checkpoint.checkpoint_every, total, exp.checkpoint.best_metric, ckpt,
                     runner, s.train_iter, config, writer)  # fmt: skip
 
@@ -145,13 +139,14 @@ def train_and_evaluate(
           for done in range(start + 1, total + 1):
             profile.before(done)
             batch = next(s.train_iter)
+            guard.progress(done)
             if hooks.batch is not None:
               batch = hooks.batch(done, batch)
             throughput.add(batch)
             state, step_metrics = runner.train(state, batch)
             profile.after(done, state)
             nonfinite.record(done, step_metrics)
-            if preemption.reached(done):
+            if guard.should_stop(done):
               stopped_at = done
               break
             if log.due(done):
@@ -178,9 +173,10 @@ def train_and_evaluate(
 
         if stopped_at is not None:  # save this update (never past a NaN) within the grace
           nonfinite.check(state)
-          _save_within_grace(save, state, stopped_at, preemption, lock, hooks)
+          hooks.enter("save", stopped_at)
+          guard.save_within_grace(lambda: save.save(state, wait=True), stopped_at, ckpt)
           print(
-            f"{preemption.source}: saved a checkpoint at step {stopped_at} in "
+            f"{guard.source}: saved a checkpoint at step {stopped_at} in "
             f"{ckpt.directory} and stopped; rerun the same command to resume"
           )
           metrics = {"preempted": 1.0, "step": float(stopped_at)}
@@ -251,31 +247,3 @@ def _evaluate_again(exp: experiment.Experiment, runner, s: setup.Setup, state, s
                    total=s.info.eval_batches, desc=desc)  # fmt: skip
     metrics |= {f"ema_{k}": v for k, v in ema.items()}
   return metrics
-
-
-def _save_within_grace(save: Save, state, done: int, preemption, lock: RunLock, hooks) -> None:
-  """Saves update `done` and waits for it or, if the grace period runs out first, exits the
-  process at once (status 0), the previous checkpoint staying the latest."""
-  ckpt = save.ckpt
-
-  def write():
-    save.save(state)
-    ckpt.wait_until_finished()
-
-  hooks.enter("save", done)
-  if run_within(write, preemption.remaining()):
-    return
-  # Orbax lists a step from the start of its write; on disk, a step folder is complete
-  # (writes go to a temporary folder renamed at the end).
-  complete = [step for step in ckpt.all_steps() if (ckpt.directory / str(step)).exists()]
-  print(
-    f"{preemption.source}: the grace period of {preemption.grace:g}s ran out before the "
-    f"checkpoint at step {done} was written; exiting without it. The latest complete "
-    f"checkpoint is {'step ' + str(max(complete)) if complete else 'none'} in "
-    f"{ckpt.directory}; rerun the same command to resume",
-    flush=True,
-  )
-  sys.stderr.flush()
-  lock.release()
-  distributed.leave_now(None)  # several processes: the others must not wait for it
-  os._exit(0)  # skips waiting for the unfinished write in the checkpoint thread

@@ -2,7 +2,7 @@
 
 Timings on CPUs differ by instruction set (the same code can run twice as fast with
 AVX-512 as with AVX2 only), so every benchmark prints `cpu_isa()` in its header and
-every run record (`transformer/train/run_record.py`) stores `cpu_info()` and the load.
+every run record (`transformer/train/guard/run_record.py`) stores `cpu_info()` and the load.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The same config on every process of a multi-host run: each publishes its flattened
 config and workdir in JAX's distributed key-value store and reads everyone's; a difference
-is one line naming the field(s) and the values (`distributed.maybe_initialize` ends every
+is one line naming the field(s) and the values (`startup.maybe_initialize` ends every
 process with it, before a collective could hang on mismatched shapes).
 """
 

@@ -83,7 +83,7 @@ def process_start_time() -> tuple[float, str]:
       return time.time() - age, "process start (/proc/self/stat)"
   except (OSError, ValueError, IndexError):
     pass
-  return _IMPORTED_AT, "import of transformer.train.run_record"
+  return _IMPORTED_AT, "import of transformer.train.guard.run_record"
 
 
 def command_line(argv: Sequence[str], cwd: str | None = None) -> str:
