@@ -15,8 +15,13 @@ dropout 0.1. No reference result on this machine (the paper's BERT base: 93.5% o
 GLUE test server).
 """
 
+from pathlib import Path
+
 from transformer.nn.sizes import NAMED_SIZES
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
@@ -29,7 +34,7 @@ def get_config(arg=None):
   m.pooling = "cls"  # classify from the [CLS] token
   d = config.data
   d.kind = "classification"  # [CLS] sentence -> label
-  d.source = "tfds"  # a prepared TFDS dataset
+  d.source = "tfds"
   d.path = "glue/sst2"  # Socher et al. 2013, binary
   d.text_column = "sentence"  # the TFDS feature with the text
   d.label_column = "label"  # ClassLabel: negative, positive
@@ -37,23 +42,16 @@ def get_config(arg=None):
   d.tokenizer = "sentencepiece"  # as configs/bert.py
   d.vocab_size = 30522  # as configs/bert.py (tokenizer_from looks up this size)
   d.tokenizer_from = ""  # the pretraining workdir whose tokenizer to reuse; '' = train one
-  d.eval_batch_size = 128  # rows per evaluation batch
+  d.eval_batch_size = 128
   config.init_from = ""  # the pretraining workdir (configs/bert.py); '' = from scratch
-  config.optimizer.b2 = 0.999  # BERT Adam beta2
-  config.optimizer.eps = 1e-6  # BERT Adam epsilon
-  config.optimizer.weight_decay = 0.01  # decoupled weight decay
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then decay (the paper: linear)
+  common.bert_adam(config)
   config.schedule.learning_rate = 2e-5  # one of the paper's {5e-5, 3e-5, 2e-5}
   config.schedule.warmup_steps = 631  # 10% of the updates
-  config.schedule.final_fraction = 0.0  # decay to 0
+  config.schedule.final_fraction = 0.0
   config.num_train_steps = 6315  # 3 epochs of 67,349 sentences at batch 32
-  config.batch_size = 32  # sentences per update
+  config.batch_size = 32
   config.seq_len = 128  # [CLS] + sentence (SST-2 sentences are short)
-  config.log_every = 100  # console / TensorBoard interval
-  config.eval_every = 1000  # validation interval
-  config.eval_batches = 0  # the whole validation split
-  config.checkpoint_every = 1000  # checkpoint interval
-  config.best_metric = "accuracy"  # keep the most accurate checkpoint on validation
-  config.best_mode = "max"  # higher is better
+  config.log_every = 100
+  common.evaluate_and_checkpoint(config, 1000)  # the whole validation split
+  common.keep_most_accurate(config)  # on validation
   return config

@@ -30,51 +30,27 @@ drawn from `config.seed`, the same for both arms of a seed) over three seeds; re
 docs/RESEARCH.md ("Pretraining with few labels").
 """
 
+from pathlib import Path
+
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
   config = default_config()
   m = config.model
-  m.family = "encoder"  # bidirectional encoder with a sequence classifier
-  m.vocab_size = 0  # from the SentencePiece vocabulary (the pretraining run's)
-  m.d_model = 128  # width (as mlm_bible)
-  m.num_heads = 4  # attention heads (as mlm_bible)
-  m.num_layers = 4  # blocks (as mlm_bible)
-  m.d_ff = 512  # feed-forward width (as mlm_bible)
-  m.max_len = 128  # position table rows (as mlm_bible, so it is copied)
-  m.position = "learned"  # as mlm_bible
+  common.small_bible_encoder(m)  # the pretraining run's, so every tensor is copied
   m.num_classes = 0  # from the data: OT, NT
   m.pooling = "cls"  # classify from the [CLS] token
   m.dropout_rate = 0.1  # fine-tuning regularisation
-  d = config.data
-  d.kind = "classification"  # [CLS] verse -> label
-  d.source = "labelled"  # the TSV: verse text + label
-  d.path = "data/bible_kjv_rv1909_en_es.tsv.gz"  # shipped with the project
-  d.text_column = "en"  # King James Version
-  d.label_column = "testament"  # OT / NT
-  d.label_names = ("OT", "NT")  # label ids 0 and 1
-  d.tokenizer = "sentencepiece"  # as mlm_bible
-  d.vocab_size = 4000  # as mlm_bible (tokenizer_from looks up this size)
-  d.tokenizer_from = ""  # the pretraining workdir whose tokenizer to reuse; '' = train one
-  d.eval_split = "test"  # report test accuracy (no model selection on it: last checkpoint)
-  d.eval_batch_size = 128  # rows per evaluation batch
+  common.testament_classification(config)  # [CLS] verse -> OT / NT
+  common.bible_sentencepiece(config.data)  # as mlm_bible
+  config.data.tokenizer_from = ""  # the pretraining workdir's tokenizer; '' = train one
   config.init_from = ""  # the pretraining workdir (mlm_bible); '' = from scratch
-  config.optimizer.b2 = 0.98  # AdamW beta2
-  config.optimizer.eps = 1e-6  # AdamW epsilon
-  config.optimizer.weight_decay = 0.01  # decoupled weight decay
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then cosine decay
-  config.schedule.learning_rate = 3e-4  # peak learning rate
-  config.schedule.warmup_steps = 60  # linear warmup (10%)
-  config.schedule.final_fraction = 0.0  # decay to 0
-  config.num_train_steps = 600  # updates (0.7 epochs of 28,041 training verses)
-  config.batch_size = 32  # verses per update
-  config.seq_len = 64  # tokens per row ([CLS] + verse; 3% of verses are truncated)
-  config.log_every = 100  # console / TensorBoard interval
-  config.eval_every = 200  # test-accuracy interval
-  config.eval_batches = 0  # the whole test split
-  config.checkpoint_every = 600  # checkpoint at the end
-  config.best_metric = ""  # keep only the last checkpoints
+  config.optimizer.b2 = 0.98
+  config.schedule.learning_rate = 3e-4
+  config.eval_every = 200
   return config

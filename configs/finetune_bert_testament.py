@@ -25,42 +25,24 @@ splits words finely: 38% of the verses are truncated to 62 pieces): 600 steps in
 majority class's 72.7% but short of the 4-layer classify_testament (about 89%).
 """
 
-from transformer.train.experiment import default_config
+from pathlib import Path
+
+from transformer.train.config_files import load_module
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 DEFAULT_DIR = "runs/tiny_hf/bert"  # written by scripts/make_tiny_hf.py
 
 
 def get_config(arg=None):
-  config = default_config()
-  config.init_from = f"hf:{arg or DEFAULT_DIR}"  # model, weights and tokenizer
+  config = common.from_hf(arg, DEFAULT_DIR)  # model, weights and tokenizer
   m = config.model
   m.max_len = 64  # positions used (the first rows of the checkpoint's table)
   m.num_classes = 0  # from the data: OT, NT (a masked-LM checkpoint has no classifier)
   m.pooling = "cls"  # BERT's pooler: dense + tanh on the [CLS] token
   m.dropout_rate = 0.1  # BERT's hidden_dropout_prob (runtime fields are the config's)
   m.attention_dropout_rate = 0.1  # BERT's attention_probs_dropout_prob
-  d = config.data
-  d.kind = "classification"  # [CLS] verse [SEP] -> label
-  d.source = "labelled"  # the TSV: verse text + label
-  d.path = "data/bible_kjv_rv1909_en_es.tsv.gz"  # shipped with the project
-  d.text_column = "en"  # King James Version
-  d.label_column = "testament"  # OT / NT
-  d.label_names = ("OT", "NT")  # label ids 0 and 1
-  d.eval_split = "test"  # report test accuracy (no model selection on it: last checkpoint)
-  d.eval_batch_size = 128  # rows per evaluation batch
-  config.optimizer.eps = 1e-6  # BERT's Adam epsilon
-  config.optimizer.weight_decay = 0.01  # BERT's decoupled weight decay
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then decay
-  config.schedule.learning_rate = 1e-3  # peak, for the tiny random BERT (see above)
-  config.schedule.warmup_steps = 60  # linear warmup (10%)
-  config.schedule.final_fraction = 0.0  # decay to 0
-  config.num_train_steps = 600  # updates (0.7 epochs of 28,041 training verses)
-  config.batch_size = 32  # verses per update
-  config.seq_len = 64  # tokens per row ([CLS] verse [SEP])
-  config.log_every = 100  # console / TensorBoard interval
-  config.eval_every = 300  # test-accuracy interval
-  config.eval_batches = 0  # the whole test split
-  config.checkpoint_every = 600  # checkpoint at the end
-  config.best_metric = ""  # keep only the last checkpoints
+  common.testament_classification(config)  # [CLS] verse [SEP] -> OT / NT
+  config.schedule.learning_rate = 1e-3  # for the tiny random BERT (see above)
+  config.eval_every = 300
   return config

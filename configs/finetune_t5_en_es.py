@@ -25,39 +25,33 @@ BLEU at the end included. Test loss 4.450 nats/piece, token accuracy 12.1% (step
 translate in minutes; 2,400 steps reach loss 3.562, 20.7%, still BLEU 0.02).
 """
 
-from transformer.train.experiment import default_config
+from pathlib import Path
+
+from transformer.train.config_files import load_module
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 DEFAULT_DIR = "runs/tiny_hf/t5"  # written by scripts/make_tiny_hf.py
 
 
 def get_config(arg=None):
-  config = default_config()
-  config.init_from = f"hf:{arg or DEFAULT_DIR}"  # model, weights and tokenizer
+  config = common.from_hf(arg, DEFAULT_DIR)  # model, weights and tokenizer
   m = config.model
   m.max_len = 96  # longest source / target (relative positions: any length)
   m.dropout_rate = 0.1  # T5's dropout_rate (runtime fields are the config's)
   m.attention_dropout_rate = 0.1  # T5 applies the same rate to attention weights
-  d = config.data
-  d.kind = "seq2seq"  # (source, target) pairs
-  d.source = "pairs"  # the TSV of aligned verses
-  d.path = "data/bible_kjv_rv1909_en_es.tsv.gz"  # shipped with the project
-  d.source_column = "en"  # King James Version
-  d.target_column = "es"  # Reina-Valera 1909
-  d.eval_split = "test"  # 1,574 held-out verse pairs (loss and BLEU)
-  d.eval_batch_size = 64  # pairs per evaluation / decoding batch
+  common.bible_translation(config.data)  # tokenized by the directory's tokenizer
   config.label_smoothing = 0.0  # T5 fine-tunes without
   config.optimizer.kind = "adafactor"  # T5's optimizer
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
+  config.optimizer.clip_norm = 1.0
   config.schedule.kind = "constant"  # T5 fine-tuning: a constant rate
   config.schedule.learning_rate = 1e-3  # T5's fine-tuning rate
   config.schedule.warmup_steps = 0  # T5 fine-tunes without warmup (Adafactor clips updates)
-  config.num_train_steps = 800  # updates (about one epoch of the training pairs)
-  config.batch_size = 24  # packed rows per update
+  config.num_train_steps = 800  # about one epoch of the training pairs
+  config.batch_size = 24  # packed rows
   config.seq_len = 96  # tokens per row, source and target
-  config.log_every = 100  # console / TensorBoard interval
-  config.eval_every = 400  # test-loss interval
-  config.eval_batches = 0  # the whole test split
+  config.log_every = 100
+  common.evaluate_and_checkpoint(config, 400)  # test loss on the whole test split
   config.bleu_every = 800  # BLEU at the end only
   config.bleu_beam_size = 1  # greedy decoding
-  config.checkpoint_every = 400  # checkpoint interval
   return config

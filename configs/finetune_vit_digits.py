@@ -22,36 +22,25 @@ CPU; IDX writing and dataset preparation included), test accuracy 88.06% (loss 0
 the 360 test digits (configs/vit_digits.py, two blocks of width 64 from scratch: 91.9%).
 """
 
-from transformer.train.experiment import default_config
+from pathlib import Path
+
+from transformer.train.config_files import load_module
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 DEFAULT_DIR = "runs/tiny_hf/vit"  # written by scripts/make_tiny_hf.py
 
 
 def get_config(arg=None):
-  config = default_config()
-  config.init_from = f"hf:{arg or DEFAULT_DIR}"  # model and weights (no tokenizer)
-  m = config.model
-  m.dropout_rate = 0.0  # ViT fine-tuning: no dropout
-  d = config.data
-  d.kind = "image"  # image classification batches
-  d.source = "sklearn_digits"  # scikit-learn's load_digits(), written as IDX at first use
-  d.tokenizer = "none"  # pixels, not tokens
-  d.image_size = 32  # resized to the checkpoint's image_size (make_tiny_hf's ViT)
-  d.eval_split = "test"  # the last 360 digits
-  d.validation_fraction = 0.0  # no validation split
-  d.test_fraction = 0.0  # (the test split is fixed by the source)
-  config.optimizer.b2 = 0.999  # AdamW beta2
-  config.optimizer.weight_decay = 0.01  # decoupled weight decay
-  config.optimizer.clip_norm = 1.0  # global-norm clipping (ViT fine-tuning)
-  config.schedule.kind = "cosine"  # warmup then cosine decay
-  config.schedule.learning_rate = 1e-3  # peak learning rate
-  config.schedule.warmup_steps = 30  # linear warmup (10%)
-  config.num_train_steps = 300  # updates (about 13 epochs)
-  config.batch_size = 64  # images per update
-  config.log_every = 50  # console / TensorBoard interval
-  config.eval_every = 0  # evaluate at the end only
-  config.eval_batches = 0  # the whole test split
-  config.checkpoint_every = 300  # checkpoint at the end
-  config.best_metric = "accuracy"  # keep the most accurate checkpoint
-  config.best_mode = "max"  # higher is better
+  config = common.from_hf(arg, DEFAULT_DIR)  # model and weights (no tokenizer)
+  config.model.dropout_rate = 0.0  # ViT fine-tuning: no dropout
+  common.sklearn_digits(config.data)
+  config.data.image_size = 32  # resized to the checkpoint's image_size (make_tiny_hf's ViT)
+  config.optimizer.b2 = 0.999
+  config.optimizer.weight_decay = 0.01
+  config.optimizer.clip_norm = 1.0  # as ViT fine-tuning does
+  config.schedule.kind = "cosine"
+  config.schedule.learning_rate = 1e-3
+  config.schedule.warmup_steps = 30  # 10% of the updates
+  common.digits_run(config)
   return config

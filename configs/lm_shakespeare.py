@@ -21,45 +21,27 @@ at 4e-3 for 700 1.8519; batch 32 at 3e-3 for 500 1.9486; batch 48 at 4e-3 for 40
 1.9222. Wall time: docs/PERFORMANCE.md ("The default run, end to end").
 """
 
+from pathlib import Path
+
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
   config = default_config()
-  m = config.model
-  m.family = "decoder"  # GPT-style causal LM
-  m.vocab_size = 0  # from the character tokenizer
-  m.d_model = 128  # width
-  m.num_heads = 4  # attention heads
-  m.num_layers = 4  # blocks
-  m.d_ff = 512  # 4 * d_model
-  m.max_len = 64  # nanoGPT block_size: positions beyond the trained context stay untrained
-  m.position = "learned"  # GPT-2 style absolute positions
-  m.dropout_rate = 0.0  # nanoGPT CPU recipe: no dropout
-  d = config.data
-  d.kind = "lm"  # next-token prediction
-  d.source = "text"  # a local text file
-  d.path = "data/tinyshakespeare.txt.gz"  # shipped with the project
-  d.tokenizer = "char"  # character vocabulary
-  d.validation_fraction = 0.1  # last 10% of the text for validation (as nanoGPT)
-  d.test_fraction = 0.0  # no test split
-  d.eval_batch_size = 128  # rows per evaluation batch
-  config.optimizer.b2 = 0.99  # nanoGPT: betas (0.9, 0.99)
-  config.optimizer.eps = 1e-8  # AdamW epsilon
-  config.optimizer.weight_decay = 0.1  # decoupled, not on biases / norms / embeddings
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then cosine decay
-  config.schedule.learning_rate = 3e-3  # peak learning rate
-  config.schedule.warmup_steps = 100  # linear warmup
-  config.schedule.final_fraction = 0.1  # decay to 1e-4
-  config.num_train_steps = 800  # updates
-  config.batch_size = 24  # sequences per update
-  config.seq_len = 64  # context length
-  config.log_every = 100  # console / TensorBoard interval
-  config.eval_every = 400  # validation interval
-  config.eval_batches = 0  # 0 = the whole validation split (111,538 characters)
-  config.checkpoint_every = 400  # checkpoint interval
+  common.nanogpt_char_model(config.model)
+  config.data.kind = "lm"
+  common.shakespeare_chars(config.data)
+  # nanoGPT's optimizer (weight decay not on biases / norms / embeddings) at 3x its peak rate.
+  common.nanogpt_adamw(config, learning_rate=3e-3)
+  config.num_train_steps = 800
+  config.batch_size = 24  # twice nanoGPT's: fewer, larger updates get there sooner
+  config.seq_len = 64  # the model's whole context
+  config.log_every = 100
+  common.evaluate_and_checkpoint(config, 400)  # the whole validation split (111,538 characters)
   config.sample_tokens = 63  # characters sampled at the end (fills the 64-character context)
   return config
 

@@ -28,46 +28,30 @@ Result (2-core AMD EPYC, AVX-512): validation loss 1.8434 over the whole split a
 re-implementation took 92.6 s and ended at 1.8977) to 73 s (load 2).
 """
 
+from pathlib import Path
+
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
   config = default_config()
-  m = config.model
-  m.family = "decoder"  # GPT-style causal LM
-  m.vocab_size = 0  # from the character tokenizer
-  m.d_model = 128  # n_embd
-  m.num_heads = 4  # n_head
-  m.num_layers = 4  # n_layer
-  m.d_ff = 512  # 4 * n_embd
-  m.max_len = 64  # block_size
-  m.position = "learned"  # wpe
-  m.dropout_rate = 0.0  # dropout=0.0
-  m.use_bias = False  # bias=False (attention and MLP projections)
-  d = config.data
-  d.kind = "lm"  # next-token prediction
-  d.source = "text"  # a local text file
-  d.path = "data/tinyshakespeare.txt.gz"  # shipped with the project
-  d.tokenizer = "char"  # character vocabulary
-  d.validation_fraction = 0.1  # last 10% of the text for validation (as nanoGPT)
-  d.test_fraction = 0.0  # no test split
-  d.eval_batch_size = 128  # rows per evaluation batch
-  config.optimizer.b2 = 0.99  # beta2
-  config.optimizer.eps = 1e-8  # torch AdamW's default
-  config.optimizer.weight_decay = 0.1  # weight_decay, on every tensor of 2 or more dims
-  config.optimizer.decay_embeddings = True  # nanoGPT decays wte and wpe too
-  config.optimizer.clip_norm = 1.0  # grad_clip
-  config.schedule.kind = "cosine"  # warmup then cosine decay
-  config.schedule.learning_rate = 1e-3  # learning_rate
-  config.schedule.warmup_steps = 100  # warmup_iters
-  config.schedule.final_fraction = 0.1  # min_lr = 1e-4
+  common.nanogpt_char_model(config.model)  # n_layer, n_head, n_embd, block_size, dropout
+  config.model.use_bias = False  # bias=False (attention and MLP projections)
+  config.data.kind = "lm"
+  common.shakespeare_chars(config.data)
+  # learning_rate=1e-3, warmup_iters=100, min_lr=1e-4, beta2=0.99, weight_decay=0.1, grad_clip=1:
+  common.nanogpt_adamw(config, learning_rate=1e-3)
+  config.optimizer.decay_embeddings = True  # nanoGPT decays every tensor of 2+ dims: wte, wpe
   config.num_train_steps = 2000  # max_iters
   config.batch_size = 12  # batch_size
   config.seq_len = 64  # block_size
-  config.log_every = 100  # console / TensorBoard interval
+  config.log_every = 100
   config.eval_every = 250  # eval_interval
-  config.eval_batches = 0  # 0 = the whole validation split
+  config.eval_batches = 0  # the whole validation split
   config.checkpoint_every = 2000  # one checkpoint, at the end
   config.sample_tokens = 63  # characters sampled at the end
   return config

@@ -17,48 +17,40 @@ tokens/s and reached 27.0% / 4.541. With 15% masking and lr 1e-3 the same budget
 only 17.8% / 5.192.
 """
 
+from pathlib import Path
+
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
   config = default_config()
   m = config.model
-  m.family = "encoder"  # bidirectional encoder with a masked-LM head
-  m.vocab_size = 0  # from the SentencePiece vocabulary
-  m.d_model = 128  # width
-  m.num_heads = 4  # attention heads
-  m.num_layers = 4  # blocks
-  m.d_ff = 512  # 4 * d_model
-  m.max_len = 128  # position table; classify_testament must use the same to reuse it
-  m.position = "learned"  # BERT: learned absolute positions
+  common.small_bible_encoder(m)
   m.dropout_rate = 0.0  # a few epochs only: no regularisation needed
   m.tie_embeddings = True  # masked-LM logits through the token embedding
   d = config.data
   d.kind = "mlm"  # [CLS] verse [SEP] segments packed into rows, tokens masked
-  d.source = "labelled"  # the TSV (verse text + testament label; the label is unused here)
-  d.path = "data/bible_kjv_rv1909_en_es.tsv.gz"  # shipped with the project
-  d.text_column = "en"  # King James Version
-  d.label_column = "testament"  # OT / NT (ignored by MLM; keeps the split of classify_testament)
-  d.label_names = ("OT", "NT")  # label ids 0 and 1
-  d.tokenizer = "sentencepiece"  # unigram subwords trained on the training verses
-  d.vocab_size = 4000  # pieces, including the 7 special ids
+  # The testament labels are unused here; reading them keeps classify_testament's split.
+  common.bible_testament_labels(d)
+  common.bible_sentencepiece(d)  # unigram pieces trained on the training verses
   d.mask_rate = 0.3  # more predictions per step for free (logits cover every position anyway)
-  d.eval_batch_size = 64  # rows per evaluation batch
-  config.optimizer.b2 = 0.98  # AdamW beta2 (short run)
-  config.optimizer.eps = 1e-6  # AdamW epsilon (BERT)
-  config.optimizer.weight_decay = 0.01  # BERT weight decay
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then cosine decay
-  config.schedule.learning_rate = 2e-3  # peak learning rate
-  config.schedule.warmup_steps = 100  # linear warmup
+  d.eval_batch_size = 64
+  config.optimizer.b2 = 0.98  # a short run
+  config.optimizer.eps = 1e-6  # BERT's
+  config.optimizer.weight_decay = 0.01  # BERT's
+  config.optimizer.clip_norm = 1.0
+  config.schedule.kind = "cosine"
+  config.schedule.learning_rate = 2e-3
+  config.schedule.warmup_steps = 100
   config.schedule.final_fraction = 0.05  # decay to 1e-4
-  config.num_train_steps = 1000  # updates (about 1.7 epochs of the training verses)
-  config.batch_size = 16  # rows of 128 tokens per update (smaller rows run faster per token here)
-  config.seq_len = 128  # tokens per row
-  config.log_every = 100  # console / TensorBoard interval
-  config.eval_every = 500  # validation interval
-  config.eval_batches = 0  # the whole validation split
-  config.checkpoint_every = 500  # checkpoint interval
+  config.num_train_steps = 1000  # about 1.7 epochs of the training verses
+  config.batch_size = 16  # rows of 128 tokens (smaller rows run faster per token here)
+  config.seq_len = 128
+  config.log_every = 100
+  common.evaluate_and_checkpoint(config, 500)  # the whole validation split
   config.best_metric = "loss"  # keep the best masked-LM loss
   return config

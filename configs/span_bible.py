@@ -26,51 +26,32 @@ Here the pretraining hurts: the pretrained arm's training loss is ahead at step 
 behind from step 500 on.
 """
 
+from pathlib import Path
+
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
   config = default_config()
-  m = config.model  # the model of configs/translate_en_es.py (a test checks they match)
-  m.family = "seq2seq"  # encoder-decoder with cross-attention
-  m.vocab_size = 0  # the shared SentencePiece vocabulary + the task's 100 sentinels
-  m.d_model = 128  # width
-  m.num_heads = 4  # attention heads
-  m.num_layers = 3  # encoder blocks
-  m.num_decoder_layers = 3  # decoder blocks
-  m.d_ff = 512  # 4 * d_model
-  m.max_len = 96  # longest side (inputs)
-  m.position = "sinusoidal"  # Vaswani et al. 2017, 3.5
-  m.norm_position = "pre"  # pre-LN
-  m.activation = "relu"  # as the paper
-  m.tie_embeddings = True  # one embedding for source, target and logits
-  m.scale_embeddings = True  # tokens * sqrt(D)
+  m = config.model
+  common.small_translation_model(m)  # its vocabulary + the task's 100 sentinels
   m.dropout_rate = 0.0  # pretraining without dropout (T5.1.1); fine-tuning sets its own
   d = config.data
   d.kind = "span_corruption"  # sentinels replace dropped spans; targets restore them
-  d.source = "pairs"  # the TSV of aligned verses, read as text of both languages
+  common.bible_pairs(d)  # read as text of both languages
   d.windows = True  # one token stream: the English verses, then the Spanish ones
-  d.path = "data/bible_kjv_rv1909_en_es.tsv.gz"  # shipped with the project
-  d.source_column = "en"  # King James Version
-  d.target_column = "es"  # Reina-Valera 1909
-  d.tokenizer = "sentencepiece"  # the translation recipe's: both columns, 4,000 pieces
-  d.vocab_size = 4000  # pieces, including the 7 special ids
+  common.bible_sentencepiece(d)  # the translation recipe's: trained on both columns
   d.target_seq_len = 24  # targets: 15% of a 105-token window, its 5 sentinels and EOS
-  d.eval_batch_size = 64  # windows per evaluation batch
-  config.optimizer.b2 = 0.98  # as the translation recipe
-  config.optimizer.eps = 1e-9
+  d.eval_batch_size = 64
+  common.short_translation_adamw(config)
   config.optimizer.weight_decay = 0.01  # decoupled, not on norms / embeddings
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then cosine decay
-  config.schedule.learning_rate = 2e-3  # peak learning rate
-  config.schedule.warmup_steps = 200  # linear warmup
-  config.schedule.final_fraction = 0.05  # decay to 1e-4
-  config.num_train_steps = 3000  # updates
-  config.batch_size = 32  # windows per update
+  config.num_train_steps = 3000
+  config.batch_size = 32  # windows
   config.seq_len = 96  # encoder input length S
-  config.log_every = 250  # console / TensorBoard interval
-  config.eval_every = 1000  # validation interval
-  config.eval_batches = 20  # validation batches
-  config.checkpoint_every = 1000  # checkpoint interval
+  config.log_every = 250
+  common.evaluate_and_checkpoint(config, 1000, batches=20)
   return config

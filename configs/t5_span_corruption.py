@@ -12,19 +12,24 @@ validation target loss 3.652 and token accuracy 32.6% (20 batches) after 1,000 s
 (7.50 at step 1, 3.771 at step 500); see docs/RESULTS.md.
 """
 
+from pathlib import Path
+
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
   config = default_config()
   m = config.model
-  m.family = "seq2seq"  # encoder-decoder
+  m.family = "seq2seq"
   m.vocab_size = 0  # the tokenizer's vocabulary + the task's 100 sentinels
-  m.d_model = 128  # width
-  m.num_heads = 4  # attention heads
-  m.num_layers = 2  # encoder blocks
-  m.num_decoder_layers = 2  # decoder blocks
+  m.d_model = 128
+  m.num_heads = 4
+  m.num_layers = 2
+  m.num_decoder_layers = 2
   m.d_ff = 384  # gated FFN hidden width (T5.1.1 uses gated GELU)
   m.max_len = 128  # longest side (inputs)
   m.position = "relative_t5"  # bucketed relative bias, shared by the layers of a stack
@@ -35,23 +40,18 @@ def get_config(arg=None):
   m.dropout_rate = 0.0  # pretraining without dropout (T5.1.1)
   d = config.data
   d.kind = "span_corruption"  # sentinels replace dropped spans; targets restore them
-  d.source = "text"  # the shipped text as one token stream
-  d.path = "data/tinyshakespeare.txt.gz"  # shipped with the project
-  d.tokenizer = "sentencepiece"  # subword vocabulary trained on the text
-  d.vocab_size = 1024  # SentencePiece pieces
-  d.validation_fraction = 0.1  # last 10% for validation
-  d.test_fraction = 0.0  # no test split
+  common.shakespeare_text(d)
+  d.tokenizer = "sentencepiece"  # subwords trained on the text
+  d.vocab_size = 1024
   d.target_seq_len = 32  # targets: 15% of a ~140-token window plus sentinels and EOS
   config.optimizer.weight_decay = 0.01  # decoupled, not on norms / embeddings
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then cosine decay
-  config.schedule.learning_rate = 2e-3  # peak learning rate
-  config.schedule.warmup_steps = 100  # linear warmup
-  config.num_train_steps = 1000  # updates
-  config.batch_size = 32  # windows per update
+  config.optimizer.clip_norm = 1.0
+  config.schedule.kind = "cosine"
+  config.schedule.learning_rate = 2e-3
+  config.schedule.warmup_steps = 100
+  config.num_train_steps = 1000
+  config.batch_size = 32  # windows
   config.seq_len = 128  # encoder input length S
-  config.log_every = 100  # console / TensorBoard interval
-  config.eval_every = 500  # validation interval
-  config.eval_batches = 20  # validation batches
-  config.checkpoint_every = 500  # checkpoint interval
+  config.log_every = 100
+  common.evaluate_and_checkpoint(config, 500, batches=20)
   return config

@@ -18,29 +18,30 @@ newstest2013 use `--config.data.eval_split=validation`. No reference result on t
 machine: the paper's base model trains 100k steps on 8 GPUs.
 """
 
-from transformer.nn.sizes import NAMED_SIZES
-from transformer.train.experiment import default_config
+from pathlib import Path
+
+from transformer.train.config_files import load_module
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 SIZES = ("base", "big")
 
 
 def get_config(arg="base"):
-  if arg not in SIZES:
-    raise ValueError(f"configs/transformer_wmt.py: size must be one of {SIZES}, got {arg!r}")
-  config = default_config()
-  config.model.update(NAMED_SIZES[f"transformer_{arg}"])  # Vaswani et al. 2017, Table 3
-  config.model.vocab_size = 0  # from the shared SentencePiece vocabulary
-  config.data.kind = "seq2seq"  # source -> target pairs
-  config.data.source = "tfds"  # a prepared TFDS dataset
-  config.data.path = "wmt14_translate/de-en"  # WMT14 English-German
-  config.data.source_column = "en"  # translate English ...
-  config.data.target_column = "de"  # ... into German
-  config.data.tokenizer = "sentencepiece"  # one vocabulary for both languages
-  config.data.vocab_size = 37000  # the paper's shared vocabulary size
-  config.data.packing = True  # pack sentence pairs into full rows
-  config.optimizer.b1 = 0.9  # Adam beta1 (paper 5.3)
-  config.optimizer.b2 = 0.98  # Adam beta2 (paper 5.3)
-  config.optimizer.eps = 1e-9  # Adam epsilon (paper 5.3)
+  config = common.named_size(__file__, arg, SIZES, "transformer")  # Vaswani et al. 2017, Table 3
+  d = config.data
+  d.kind = "seq2seq"
+  d.source = "tfds"
+  d.path = "wmt14_translate/de-en"  # WMT14 English-German
+  d.source_column = "en"  # translate English ...
+  d.target_column = "de"  # ... into German
+  d.tokenizer = "sentencepiece"  # one vocabulary for both languages
+  d.vocab_size = 37000  # the paper's shared vocabulary size
+  d.packing = True  # pack sentence pairs into full rows
+  d.eval_split = "test"  # newstest2014, as the paper reports (validation: 2013)
+  config.optimizer.b1 = 0.9  # paper 5.3
+  config.optimizer.b2 = 0.98  # paper 5.3
+  config.optimizer.eps = 1e-9  # paper 5.3
   config.schedule.kind = "noam"  # d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
   config.schedule.warmup_steps = 4000  # paper 5.3
   config.schedule.scale = 1.0  # the paper's multiplier
@@ -48,11 +49,8 @@ def get_config(arg="base"):
   config.num_train_steps = 100_000 if arg == "base" else 300_000  # paper 5.2
   config.batch_size = 128  # rows of 256 tokens (~25k source + target tokens per batch)
   config.seq_len = 256  # source and target row length
-  config.data.eval_split = "test"  # newstest2014, as the paper reports (validation: 2013)
-  config.eval_every = 5000  # test loss interval
-  config.eval_batches = 0  # the whole of newstest2014 (3,003 pairs)
+  common.evaluate_and_checkpoint(config, 5000)  # the whole of newstest2014 (3,003 pairs)
   config.bleu_every = 10_000  # corpus BLEU on the test split (and at the end)
   config.bleu_beam_size = 4  # paper 6.1: beam 4, length penalty 0.6
-  config.checkpoint_every = 5000  # checkpoint interval
   config.best_metric = ""  # no model selection on the test split: keep the last checkpoints
   return config

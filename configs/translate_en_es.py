@@ -32,64 +32,40 @@ BLEU 36.04 (beam 4, same signature), token accuracy 64.4%, NLL 1.691; token accu
 53.5%, 60.8%, 63.5%, 64.4% at steps 2,000..8,000.
 """
 
+from pathlib import Path
+
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 VARIANTS = (None, "long")
 
 
 def get_config(arg=None):
-  if arg not in VARIANTS:
-    raise ValueError(f"configs/translate_en_es.py: variant must be one of {VARIANTS}, got {arg!r}")
+  common.check_arg(__file__, arg, VARIANTS, what="variant")
   config = default_config()
   m = config.model
-  m.family = "seq2seq"  # encoder-decoder with cross-attention
-  m.vocab_size = 0  # from the shared SentencePiece vocabulary
-  m.d_model = 128  # width
-  m.num_heads = 4  # attention heads
-  m.num_layers = 3  # encoder blocks
-  m.num_decoder_layers = 3  # decoder blocks
-  m.d_ff = 512  # 4 * d_model
-  m.max_len = 96  # longest source / target (decoding included)
-  m.position = "sinusoidal"  # Vaswani et al. 2017, 3.5
-  m.norm_position = "pre"  # pre-LN trains stably at a high learning rate
-  m.activation = "relu"  # as the paper
-  m.tie_embeddings = True  # one embedding for source, target and logits (shared vocabulary)
-  m.scale_embeddings = True  # tokens * sqrt(D), as the paper: else positions drown them out
+  common.small_translation_model(m)
   m.dropout_rate = 0.1  # five epochs of the same verses: some regularisation
   d = config.data
-  d.kind = "seq2seq"  # (source, target) pairs
-  d.source = "pairs"  # the TSV of aligned verses
-  d.path = "data/bible_kjv_rv1909_en_es.tsv.gz"  # shipped with the project
-  d.source_column = "en"  # King James Version
-  d.target_column = "es"  # Reina-Valera 1909
-  d.tokenizer = "sentencepiece"  # one unigram vocabulary for both languages
-  d.vocab_size = 4000  # pieces, including the 7 special ids
-  d.eval_split = "test"  # 1,574 held-out verse pairs (loss and BLEU)
-  d.eval_batch_size = 64  # pairs per evaluation / decoding batch
+  common.bible_translation(d)
+  common.bible_sentencepiece(d)  # one unigram vocabulary for both languages
   config.label_smoothing = 0.1  # Vaswani et al. 2017, 5.4
-  config.optimizer.b2 = 0.98  # Vaswani et al. 2017, 5.3
-  config.optimizer.eps = 1e-9  # Vaswani et al. 2017, 5.3
+  common.short_translation_adamw(config)
   config.optimizer.weight_decay = 0.0  # none in the paper
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then cosine decay (short run)
-  config.schedule.learning_rate = 2e-3  # peak learning rate
-  config.schedule.warmup_steps = 200  # linear warmup
-  config.schedule.final_fraction = 0.05  # decay to 1e-4
-  config.num_train_steps = 4000  # updates (about five epochs of the training pairs)
-  config.batch_size = 24  # packed rows per update
+  config.num_train_steps = 4000  # about five epochs of the training pairs
+  config.batch_size = 24  # packed rows
   config.seq_len = 96  # tokens per row, source and target (3 of 1,574 test pairs are longer)
-  config.log_every = 250  # console / TensorBoard interval
-  config.eval_every = 1000  # test-loss interval
-  config.eval_batches = 0  # the whole test split
+  config.log_every = 250
+  common.evaluate_and_checkpoint(config, 1000)  # test loss on the whole test split
   config.bleu_every = 4000  # BLEU at the end only (40 s of beam search here)
   config.bleu_beam_size = 4  # beam search (length penalty alpha 0.6)
-  config.checkpoint_every = 1000  # checkpoint interval
   if arg == "long":  # the 45-minute budget: a wider model for twice the epochs
-    m.d_model = 192  # width (4 heads of 48)
+    m.d_model = 192  # 4 heads of 48
     m.d_ff = 768  # 4 * d_model
-    config.schedule.warmup_steps = 300  # linear warmup
-    config.num_train_steps = 8000  # updates (about ten epochs)
-    config.eval_every = 2000  # test-loss interval
-    config.checkpoint_every = 2000  # checkpoint interval
+    config.schedule.warmup_steps = 300
+    config.num_train_steps = 8000  # about ten epochs
+    common.evaluate_and_checkpoint(config, 2000)
     config.bleu_every = 8000  # BLEU at the end only
   return config

@@ -22,32 +22,25 @@ are held in memory and augmented a batch at a time (data/pipeline.py), so the ho
 little. Reaching 92% with a plain ViT needs more epochs than 20 CPU-minutes buy here.
 """
 
+from pathlib import Path
+
 from transformer.data.image_builders import FASHION_MNIST_LABELS
+from transformer.train.config_files import load_module
 from transformer.train.experiment import default_config
+
+common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
   config = default_config()
-  m = config.model
-  m.family = "vit"  # Vision Transformer
-  m.image_size = 28  # 28 x 28 pixels
-  m.num_channels = 1  # greyscale
-  m.patch_size = 4  # 4 x 4 patches: 49 tokens
-  m.d_model = 128  # width
-  m.num_heads = 4  # attention heads
-  m.num_layers = 4  # blocks
-  m.d_ff = 256  # 2 * d_model
-  m.max_len = 49  # image tokens (validated against the patch grid)
-  m.position = "sinusoidal"  # fixed 2-D sin-cos over the patch grid
-  m.pooling = "mean"  # global average pooling (no [CLS] token)
-  m.num_classes = 0  # from the data: 10 classes
-  m.dropout_rate = 0.0  # augmentation regularises instead
+  # 4 x 4 patches of greyscale 28 x 28 images: 49 tokens; flips regularise (no dropout).
+  common.plain_vit(
+    config.model, image_size=28, num_channels=1, patch_size=4, width=128, depth=4, heads=4
+  )
   d = config.data
-  d.kind = "image"  # image classification batches
-  d.source = "idx"  # the four IDX files
+  common.image_classification(d, "idx")  # the four IDX files
   d.path = "data/fashion-mnist"  # shipped with the project
-  d.tokenizer = "none"  # pixels, not tokens
   d.label_names = FASHION_MNIST_LABELS  # Xiao et al. 2017, Table 1
   d.image_mean = (0.2860,)  # measured on the training images (docs/DATA.md)
   d.image_std = (0.3530,)  # measured on the training images
@@ -56,21 +49,18 @@ def get_config(arg=None):
   d.test_fraction = 0.0  # (the test split is fixed by the files)
   d.crop_padding = 0  # no random crops: with them the model underfits in 15 epochs
   d.horizontal_flip = True  # random left-right flips (clothes are symmetric enough)
-  d.eval_batch_size = 500  # images per evaluation batch
-  config.label_smoothing = 0.0  # none (it did not help in 15 epochs)
-  config.optimizer.b2 = 0.99  # AdamW beta2
-  config.optimizer.weight_decay = 0.05  # decoupled weight decay
-  config.optimizer.clip_norm = 1.0  # global-norm clipping
-  config.schedule.kind = "cosine"  # warmup then cosine decay
-  config.schedule.learning_rate = 2e-3  # peak learning rate
-  config.schedule.final_fraction = 0.0  # decay to 0
-  config.schedule.warmup_steps = 300  # linear warmup
-  config.num_train_steps = 7000  # updates (15 epochs)
-  config.batch_size = 128  # images per update
-  config.log_every = 500  # console / TensorBoard interval
-  config.eval_every = 1750  # test-accuracy interval
-  config.eval_batches = 0  # the whole test split
-  config.checkpoint_every = 1750  # checkpoint interval
-  config.best_metric = "accuracy"  # keep the most accurate checkpoint
-  config.best_mode = "max"  # higher is better
+  d.eval_batch_size = 500
+  config.label_smoothing = 0.0  # it did not help in 15 epochs
+  config.optimizer.b2 = 0.99
+  config.optimizer.weight_decay = 0.05
+  config.optimizer.clip_norm = 1.0
+  config.schedule.kind = "cosine"
+  config.schedule.learning_rate = 2e-3
+  config.schedule.final_fraction = 0.0
+  config.schedule.warmup_steps = 300
+  config.num_train_steps = 7000  # 15 epochs
+  config.batch_size = 128
+  config.log_every = 500
+  common.evaluate_and_checkpoint(config, 1750)  # the whole test split
+  common.keep_most_accurate(config)
   return config

@@ -16,7 +16,7 @@ def get_config(arg=None):
   del arg
   config = beside(__file__, "vit_fashion_mnist")
   d = config.data
-  d.source = "tfds"  # a prepared TFDS dataset
+  d.source = "tfds"
   d.path = "fashion_mnist"  # Xiao et al. 2017
   d.label_names = None  # from the dataset's ClassLabel
   return config

@@ -13,23 +13,35 @@ gave, such as `make test-isa`'s ISA cap). Fixtures:
       and biases non-zero, so no parameter is trivially 0 or 1.
   jit_apply(module, method=None, **static_kwargs) -> f(params, *args)
       `module.apply` compiled once with keyword arguments fixed.
+
+Helpers that test modules import: make_tiny_config, make_random_params, param_shapes,
+make_lm_batch, train_losses, shakespeare_data, tensorboard_events.
 """
 
 import session_env
 
 session_env.configure()
 
+import glob  # noqa: E402
 import math  # noqa: E402
-from typing import Any  # noqa: E402
+import os  # noqa: E402
+import struct  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from fault_runs import trained  # noqa: E402, F401
 
 from transformer.nn.config import ModelConfig  # noqa: E402
 
+if TYPE_CHECKING:
+  from transformer.data import DataConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAKESPEARE = os.path.join(REPO, "data", "tinyshakespeare.txt.gz")
 TINY = dict(
   vocab_size=40,
   d_model=32,
@@ -52,6 +64,76 @@ def make_tiny_config(family: str = "decoder", **overrides: Any) -> ModelConfig:
   if family == "vit":
     fields["num_classes"] = 3
   return ModelConfig(**{**fields, **overrides})
+
+
+def param_shapes(c: ModelConfig) -> Any:
+  """The parameter shapes of the model `c` builds, from `jax.eval_shape` of its init (no
+  compute: full sizes in no time), on one image or one or two rows of 4 tokens."""
+  from transformer.nn.models import build_model  # here: the set-up above stays light
+
+  model = build_model(c)
+  if c.family == "vit":
+    args = (jax.ShapeDtypeStruct((1, c.image_size, c.image_size, c.num_channels), jnp.float32),)
+  else:
+    tokens = jax.ShapeDtypeStruct((1, 4), jnp.int32)
+    args = (tokens, tokens) if c.family == "seq2seq" else (tokens,)
+  return jax.eval_shape(lambda *a: model.init(jax.random.key(0), *a), *args)["params"]
+
+
+def make_lm_batch(
+  rng: np.random.Generator, b: int = 16, t: int = 8, vocab: int = 32
+) -> dict[str, np.ndarray]:
+  """An `lm` batch of b unpadded rows: t random tokens in [1, vocab) and their next ones."""
+  tokens = rng.integers(1, vocab, size=(b, t + 1)).astype(np.int32)
+  return {
+    "inputs": tokens[:, :-1],
+    "targets": tokens[:, 1:],
+    "weights": np.ones((b, t), np.float32),
+    "segment_ids": np.ones((b, t), np.int32),
+    "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
+  }
+
+
+def train_losses(runner, state, batches) -> tuple[np.ndarray, Any]:
+  """The loss of each `runner.train` step over `batches` from `state` (placed on the
+  runner's devices first), and the state after them, still placed."""
+  state = runner.place_state(state)
+  losses = []
+  for b in batches:
+    state, metrics = runner.train(state, b)
+    losses.append(float(metrics["loss"]))
+  return np.array(losses), state
+
+
+def shakespeare_data(tmp_path: os.PathLike, kind: str, **fields: Any) -> "DataConfig":
+  """`kind` batches of the shipped tiny shakespeare (its last 10% for validation, no test
+  split), prepared under tmp_path/tfds."""
+  from transformer.data import DataConfig  # here: the set-up above stays light
+
+  return DataConfig(
+    kind=kind,
+    path=SHAKESPEARE,
+    data_dir=os.path.join(tmp_path, "tfds"),
+    validation_fraction=0.1,
+    test_fraction=0.0,
+    **fields,
+  )
+
+
+def tensorboard_events(logdir: str | os.PathLike) -> list:
+  """Every event of the TensorBoard event files in `logdir`, the files in name order."""
+  from tensorboardX.proto import event_pb2
+
+  events = []
+  for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
+    with open(path, "rb") as f:
+      data = f.read()
+    offset = 0
+    while offset < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
+      (length,) = struct.unpack("<Q", data[offset : offset + 8])
+      events.append(event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length]))
+      offset += 12 + length + 4
+  return events
 
 
 def _random_leaf(path: tuple[str, ...], shape: tuple[int, ...], rng: np.random.Generator):

@@ -1,9 +1,12 @@
-"""The prepared GPU benchmark runs end to end at tiny sizes on the CPU, so it still works
-when a GPU machine is available (it is run there, not here)."""
+"""Benchmarks run end to end at tiny sizes on the CPU: the prepared GPU benchmark, so it
+still works when a GPU machine is available (it is run there, not here), and
+`benchmarks/decode_vs_hf.py`, whose greedy tokens equal Hugging Face's (exit status 0) and
+whose table holds finite numbers; the helpers of two others."""
 
 from __future__ import annotations
 
 import importlib
+import math
 import os
 import subprocess
 import sys
@@ -13,14 +16,20 @@ from session_env import PATIENCE_S, xla_flags
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_gpu_gpt2_benchmark_smoke():
+def _run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess:
+  """`python benchmarks/<script> ARGS` on one CPU device, its output captured."""
   env = {**os.environ, "PYTHONPATH": os.pathsep.join([REPO, os.path.join(REPO, "benchmarks")])}
   env["XLA_FLAGS"] = xla_flags(1)
-  out = subprocess.run(
-    [sys.executable, os.path.join(REPO, "benchmarks", "gpu_gpt2.py"), "--smoke", "--rounds",
-     "1", "--warmup", "0", "--modes", "eager"],
+  return subprocess.run(
+    [sys.executable, os.path.join(REPO, "benchmarks", script), *args],
     capture_output=True, text=True, env=env, timeout=PATIENCE_S,
   )  # fmt: skip
+
+
+def test_gpu_gpt2_benchmark_smoke():
+  out = _run_benchmark(
+    "gpu_gpt2.py", "--smoke", "--rounds", "1", "--warmup", "0", "--modes", "eager"
+  )
   assert out.returncode == 0, out.stderr[-3000:]
   lines = out.stdout.splitlines()
   # No cuDNN on the CPU: the parity part says so (the one part that needs the GPU).
@@ -30,6 +39,26 @@ def test_gpu_gpt2_benchmark_smoke():
   rows = [line.split(" | ")[0] for line in lines if line.startswith("| ")]
   assert rows == ["| framework", "| ours (jax)", "| torch eager", "| batch", "| 1", "| 64"], rows
   assert "gpt2_smoke: batch 2 x 128, bf16, attention 'xla' (auto, backend cpu)" in out.stdout
+
+
+def test_decode_vs_hf_tiny():
+  out = _run_benchmark(
+    "decode_vs_hf.py", "--vocab", "128", "--layers", "2", "--d-model", "32", "--heads", "4",
+    "--max-len", "64", "--prompt-len", "8", "--new-tokens", "8", "--batch-sizes", "1", "3",
+    "--rounds", "1",
+  )  # fmt: skip
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  rows = [line.strip("|").split("|") for line in lines if line.startswith(("| greedy", "| top-k"))]
+  assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+    ("greedy", "1"), ("greedy", "3"), ("top-k", "1"), ("top-k", "3")
+  ], out.stdout  # fmt: skip
+  for row in rows:
+    numbers = [float(cell.replace(",", "")) for cell in row[2:]]
+    assert len(numbers) == 5 and all(math.isfinite(x) and x >= 0 for x in numbers), row
+    assert min(numbers[:3]) > 0, row  # tokens/s and their ratio
+  for b in (1, 3):
+    assert f"greedy, batch {b}: ours and HF identical ({b} x 8 tokens)" in lines, out.stdout
 
 
 def _import_benchmark(name: str):

@@ -188,16 +188,18 @@ def _eight_to_four_devices(directory):
     assert mngr.all_steps() == [10]  # a bad target is not a corrupt checkpoint
 
 
-def test_restore_sharded_over_8_devices_onto_4(tmp_path):
+def _on_eight_devices(function, directory) -> None:
+  """`function(directory)` here if this process has 8 devices, else in a subprocess with 8
+  fake CPU devices (`function` by its name in this module), which must end cleanly."""
   if len(jax.devices()) >= 8:
-    _eight_to_four_devices(tmp_path)
+    function(directory)
     return
   code = textwrap.dedent(
     f"""
-    import sys
+    import sys, pathlib
     sys.path.insert(0, {os.path.dirname(__file__)!r})
     import test_checkpoints
-    test_checkpoints._eight_to_four_devices({str(tmp_path)!r})
+    test_checkpoints.{function.__name__}(pathlib.Path({str(directory)!r}))
     print("OK")
     """
   )
@@ -210,6 +212,10 @@ def test_restore_sharded_over_8_devices_onto_4(tmp_path):
     [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=PATIENCE_S
   )
   assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_restore_sharded_over_8_devices_onto_4(tmp_path):
+  _on_eight_devices(_eight_to_four_devices, tmp_path)
 
 
 def test_mismatching_target_raises_value_error_naming_paths_and_keeps_checkpoint(tmp_path):
@@ -452,24 +458,4 @@ def _shard_checksums(directory):
 
 
 def test_checksums_cover_every_shard_of_a_sharded_array(tmp_path):
-  if len(jax.devices()) >= 8:
-    _shard_checksums(tmp_path)
-    return
-  code = textwrap.dedent(
-    f"""
-    import sys, pathlib
-    sys.path.insert(0, {os.path.dirname(__file__)!r})
-    import test_checkpoints
-    test_checkpoints._shard_checksums(pathlib.Path({str(tmp_path)!r}))
-    print("OK")
-    """
-  )
-  env = {
-    **os.environ,
-    "XLA_FLAGS": xla_flags(8),
-    "JAX_PLATFORMS": "cpu",
-  }
-  result = subprocess.run(
-    [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=PATIENCE_S
-  )
-  assert result.returncode == 0 and "OK" in result.stdout, result.stderr[-3000:]
+  _on_eight_devices(_shard_checksums, tmp_path)

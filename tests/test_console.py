@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from absl import flags
-from conftest import make_random_params, make_tiny_config
+from conftest import make_random_params, make_tiny_config, param_shapes
 
 from transformer import decode, eval_main
 from transformer.data import builders
@@ -112,14 +112,7 @@ def test_progress_prints_only_for_long_phases_every_tenth_or_ten_seconds():
 @pytest.mark.parametrize("size", ["gpt2_small", "bert_base", "transformer_base", "vit_b/16"])
 def test_parameter_overview_totals_equal_param_count(size):
   c = named(size)
-  model = build_model(c)
-  if c.family == "vit":
-    args = (jax.ShapeDtypeStruct((1, c.image_size, c.image_size, c.num_channels), jnp.float32),)
-  else:
-    tokens = jax.ShapeDtypeStruct((1, 4), jnp.int32)
-    args = (tokens, tokens) if c.family == "seq2seq" else (tokens,)
-  shapes = jax.eval_shape(lambda *a: model.init(jax.random.key(0), *a), *args)["params"]
-  overview = parameter_overview(shapes)
+  overview = parameter_overview(param_shapes(c))
   assert overview.total_count == param_count(c)
   assert overview.total_bytes == 4 * param_count(c)  # float32 parameters
   assert sum(r.count for r in overview.rows) == overview.total_count

@@ -78,26 +78,29 @@ def bert_dir(tmp_path_factory):
   return path, tok
 
 
-@pytest.fixture(scope="module")
-def t5_dirs(tmp_path_factory):
-  """(spiece.model only, tokenizer.json + tokenizer_config.json, the SentencePiece model)."""
+def _spm_model(vocab_size: int, model_type: str, **special_ids: int) -> bytes:
+  """A SentencePiece model trained on CORPUS with these special ids (-1: none)."""
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
     sentence_iterator=iter(CORPUS),
     model_writer=model,
-    vocab_size=80,
-    model_type="unigram",
-    pad_id=0,
-    eos_id=1,
-    unk_id=2,
-    bos_id=-1,  # T5: pad 0, eos 1, unk 2, no BOS
+    vocab_size=vocab_size,
+    model_type=model_type,
     hard_vocab_limit=False,
     num_threads=1,
     minloglevel=2,
+    **special_ids,
   )
-  sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+  return model.getvalue()
+
+
+@pytest.fixture(scope="module")
+def t5_dirs(tmp_path_factory):
+  """(spiece.model only, tokenizer.json + tokenizer_config.json, the SentencePiece model)."""
+  model = _spm_model(80, "unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1)  # T5: no BOS
+  sp = spm.SentencePieceProcessor(model_proto=model)
   spiece = tmp_path_factory.mktemp("t5_spiece")
-  (spiece / "spiece.model").write_bytes(model.getvalue())
+  (spiece / "spiece.model").write_bytes(model)
   # The same pieces as a `tokenizers` Unigram, sentinels added from <extra_id_99> down to
   # <extra_id_0>, so <extra_id_k> = pieces + 99 - k as in T5.
   n = sp.get_piece_size()
@@ -175,23 +178,10 @@ def test_sentencepiece_unigram_matches_the_libraries(t5_dirs):
 
 
 def test_llama_style_tokenizer_model_reports_its_own_ids(tmp_path):
-  model = io.BytesIO()
-  spm.SentencePieceTrainer.train(
-    sentence_iterator=iter(CORPUS),
-    model_writer=model,
-    vocab_size=70,
-    model_type="bpe",
-    unk_id=0,
-    bos_id=1,
-    eos_id=2,
-    pad_id=-1,  # Llama: unk 0, bos 1, eos 2, no PAD
-    hard_vocab_limit=False,
-    num_threads=1,
-    minloglevel=2,
-  )
-  (tmp_path / "tokenizer.model").write_bytes(model.getvalue())
+  model = _spm_model(70, "bpe", unk_id=0, bos_id=1, eos_id=2, pad_id=-1)  # Llama: no PAD
+  (tmp_path / "tokenizer.model").write_bytes(model)
   tok = pretrained.from_pretrained_dir(tmp_path)
-  sp = spm.SentencePieceProcessor(model_proto=model.getvalue())
+  sp = spm.SentencePieceProcessor(model_proto=model)
   assert tok.vocab_size == sp.get_piece_size() and tok.sentinels == ()
   assert tok.present_specials() == {"unk": 0, "bos": 1, "eos": 2}
   assert all(tok.encode(t) == sp.encode(t) and tok.decode(sp.encode(t)) == t for t in SAMPLES)

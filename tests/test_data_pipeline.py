@@ -73,6 +73,8 @@ def _config(data, name, **changes):
     str(root / "pairs.tsv"),
     str(root / "corpus.txt"),
   )
+  idx = dict(kind="image", source="idx", path=str(root / "idx"), tokenizer="none")
+  idx.update(eval_split="test", validation_fraction=0.0)  # the IDX files' own test split
   base = {
     "lm": dict(kind="lm", source="text", path=corpus),
     "lm_examples": dict(kind="lm", source="labelled", path=labelled, windows=False),
@@ -83,25 +85,8 @@ def _config(data, name, **changes):
       kind="seq2seq", source="pairs", path=pairs, tokenizer="sentencepiece", vocab_size=60
     ),
     "seq2seq_padded": dict(kind="seq2seq", source="pairs", path=pairs, packing=False),
-    "image": dict(
-      kind="image",
-      source="idx",
-      path=str(root / "idx"),
-      tokenizer="none",
-      eval_split="test",
-      validation_fraction=0.0,
-      crop_padding=1,
-      horizontal_flip=True,
-    ),
-    "image_resized": dict(
-      kind="image",
-      source="idx",
-      path=str(root / "idx"),
-      tokenizer="none",
-      eval_split="test",
-      validation_fraction=0.0,
-      image_size=4,
-    ),
+    "image": dict(**idx, crop_padding=1, horizontal_flip=True),
+    "image_resized": dict(**idx, image_size=4),
   }[name]
   return DataConfig(data_dir=data["tfds"], **{**base, **changes})
 

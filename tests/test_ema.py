@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import tiny_lm_config as tiny_lm_config_file
 from absl import flags
+from conftest import make_lm_batch
 from fault_runs import tiny_lm_config
 
 from transformer import eval_main, tasks
@@ -39,17 +40,6 @@ LEGACY_RUN = os.path.join(os.path.dirname(__file__), "fixtures", "legacy_lm_run"
 DECAY = 0.2  # with warmup: d_t = min(0.2, (1 + t) / (10 + t)) = 0.1, 0.18.., 0.2, 0.2
 
 
-def _batch(rng, b=4, t=8, vocab=32):
-  tokens = rng.integers(1, vocab, size=(b, t + 1)).astype(np.int32)
-  return {
-    "inputs": tokens[:, :-1],
-    "targets": tokens[:, 1:],
-    "weights": np.ones((b, t), np.float32),
-    "segment_ids": np.ones((b, t), np.int32),
-    "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
-  }
-
-
 def test_ema_in_the_step_equals_the_numpy_recurrence_and_skips_bad_updates():
   cfg = ModelConfig(
     family="decoder", vocab_size=32, d_model=16, num_heads=2, num_layers=1, d_ff=32, max_len=8
@@ -65,7 +55,7 @@ def test_ema_in_the_step_equals_the_numpy_recurrence_and_skips_bad_updates():
   rng = np.random.default_rng(0)
   history = [jax.device_get(state.params)]  # p_0, p_1, ...
   for _ in range(4):
-    state, _ = runner.train(state, _batch(rng))
+    state, _ = runner.train(state, make_lm_batch(rng, b=4))
     history.append(jax.device_get(state.params))
 
   want = jax.tree.map(lambda x: np.asarray(x, np.float64), history[0])  # e_0 = p_0
@@ -79,7 +69,7 @@ def test_ema_in_the_step_equals_the_numpy_recurrence_and_skips_bad_updates():
   # A NaN/Inf update is not applied: the EMA stays with the parameters.
   before = jax.device_get(state.ema_params)
   poisoned = state.replace(params=jax.tree.map(lambda x: x * jnp.nan, state.params))
-  after, _ = runner.train(poisoned, _batch(rng))
+  after, _ = runner.train(poisoned, make_lm_batch(rng, b=4))
   assert int(after.nonfinite_count) == 1
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(after.ema_params), before)
 

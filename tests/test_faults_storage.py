@@ -19,6 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import time
@@ -81,6 +82,55 @@ def test_storage_outage_mid_save_is_retried_or_never_loaded(tmp_path, trained):
     emulator.stop()
   assert _gcs_steps(_objects(store, "run/checkpoints")) == {2: True, 4: True, 6: True}
   local = str(tmp_path / "copy" / "checkpoints")  # the bucket's objects, read as files
+  shutil.copytree(_objects(store, "run/checkpoints"), local)
+  final = fh.final_state(os.path.dirname(local))
+  assert final["step"] == 6 and not fh.bit_equal(final["state"], trained["state"])
+
+
+OUT_OF_RETRIES = re.compile(
+  r"error: (checkpoint step 4 could not be written to gs://bucket/run/checkpoints|the metrics "
+  r"could not be written to gs://bucket/run) \(.+\).* the latest complete checkpoint is step 2 "
+  r"(in gs://bucket/run/checkpoints )?\(kept\)"
+)
+
+
+@pytest.mark.slow
+def test_storage_outage_past_the_retries_ends_in_one_line_and_resumes_exactly(tmp_path, trained):
+  """The emulator dies in the middle of step 4's write and stays down: with 2 attempts per
+  request (`storage_retries`) the run ends within a minute in one line naming step 4 (or
+  the metrics) and step 2, status 1; once the storage is back, the same command resumes
+  from step 2, removes the partial step 4 and ends bit-exact."""
+  store = str(tmp_path / "store")
+  emulator = fh.StorageEmulator(store)
+  url = f"gs://{fh.StorageEmulator.BUCKET}/run"
+  command = fh.train_command(url, *STEPS, "--config.storage_retries=2")
+  env = dict(fh.child_env(devices=jax.device_count()))
+  env.update(fh.storage_env(emulator.endpoint))
+  env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+  try:
+    emulator.start(die_at=(r"uploadType=.*name=run/checkpoints/4/state/", 3))
+    run = fh.Run(command, env)
+    assert "checkpoints/4/state/" in emulator.wait_dead(timeout=PATIENCE_S)
+    died = time.monotonic()
+    code = run.wait(timeout=PATIENCE_S)
+    ended = time.monotonic() - died
+    errors = fh.error_lines(run)
+    assert code == 1 and len(errors) == 1, run.output()[-3000:]
+    assert OUT_OF_RETRIES.match(errors[0]), errors[0]
+    assert ended < 90, ended  # the clients' own retries: 15 minutes
+    assert _gcs_steps(_objects(store, "run/checkpoints")) == {2: True, 4: False}
+
+    emulator.start()
+    resumed = fh.Run(command, env)
+    code = resumed.wait(timeout=PATIENCE_S)
+    out = resumed.output()
+    assert code == 0, out[-3000:]
+    assert "resumed from step 2 (" in out, out[-3000:]
+    assert "removing the partial checkpoint write gs://bucket/run/checkpoints/4" in out
+  finally:
+    emulator.stop()
+  assert _gcs_steps(_objects(store, "run/checkpoints")) == {2: True, 4: True, 6: True}
+  local = str(tmp_path / "copy" / "checkpoints")
   shutil.copytree(_objects(store, "run/checkpoints"), local)
   final = fh.final_state(os.path.dirname(local))
   assert final["step"] == 6 and not fh.bit_equal(final["state"], trained["state"])

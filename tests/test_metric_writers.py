@@ -10,6 +10,7 @@ import sys
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import tensorboard_events
 from session_env import PATIENCE_S
 
 from transformer.data.files import read_jsonl
@@ -34,21 +35,12 @@ def _png_size(path):
 def _tensorboard_scalars(logdir):
   """{tag: [(step, value)]} as TensorBoard shows it: files in name order, and a
   SessionLog.START at step s (tensorboardX `purge_step`) hides earlier events with step >= s."""
-  from tensorboardX.proto import event_pb2
-
   scalars = {}
-  for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
-    with open(path, "rb") as f:
-      data = f.read()
-    offset = 0
-    while offset < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
-      (length,) = struct.unpack("<Q", data[offset : offset + 8])
-      event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
-      offset += 12 + length + 4
-      if event.HasField("session_log") and event.session_log.status == event.session_log.START:
-        scalars = {t: [(s, v) for s, v in pts if s < event.step] for t, pts in scalars.items()}
-      for value in event.summary.value:
-        scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
+  for event in tensorboard_events(logdir):
+    if event.HasField("session_log") and event.session_log.status == event.session_log.START:
+      scalars = {t: [(s, v) for s, v in pts if s < event.step] for t, pts in scalars.items()}
+    for value in event.summary.value:
+      scalars.setdefault(value.tag, []).append((event.step, value.simple_value))
   return scalars
 
 

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import optax
 import pytest
+from conftest import train_losses
 from jax.sharding import PartitionSpec as P
 from session_env import PATIENCE_S, xla_flags
 
@@ -46,19 +47,12 @@ def _batches(kind: str, n: int = 5) -> list[dict[str, np.ndarray]]:
     ids = rng.integers(1, V, size=(B, T + 1)).astype(np.int32)
     seg = np.ones((B, T), np.int32)
     pos = np.tile(np.arange(T, dtype=np.int32), (B, 1))
-    if kind == "lm":
+    if kind in ("lm", "mlm"):
+      scored = np.ones((B, T), bool) if kind == "lm" else rng.random((B, T)) < 0.3  # mlm: ~30%
       b = dict(
         inputs=ids[:, :-1],
         targets=ids[:, 1:],
-        weights=np.ones((B, T), np.float32),
-        segment_ids=seg,
-        positions=pos,
-      )
-    elif kind == "mlm":
-      b = dict(
-        inputs=ids[:, :-1],
-        targets=ids[:, 1:],
-        weights=(rng.random((B, T)) < 0.3).astype(np.float32),
+        weights=scored.astype(np.float32),
         segment_ids=seg,
         positions=pos,
       )
@@ -101,15 +95,6 @@ def _setup(family: str, mesh_shape: dict, kind: str):
   return runner, create_train_state(jax.device_get(params), tx, jax.random.PRNGKey(1))
 
 
-def _train(runner, state, batches):
-  state = runner.place_state(state)
-  losses = []
-  for b in batches:
-    state, metrics = runner.train(state, b)
-    losses.append(float(metrics["loss"]))
-  return np.array(losses), state
-
-
 LAYOUTS = [
   ("decoder", {"data": 8}),
   ("decoder", {"data": 1, "fsdp": 8}),
@@ -127,8 +112,8 @@ def test_layout_matches_one_device_and_shards_as_the_rules_say(family, mesh_shap
   kind = KIND[family]
   batches = _batches(kind)
   if family not in _BASELINES:
-    _BASELINES[family], _ = _train(*_setup(family, SINGLE, kind), batches)
-  losses, state = _train(*_setup(family, mesh_shape, kind), batches)
+    _BASELINES[family], _ = train_losses(*_setup(family, SINGLE, kind), batches)
+  losses, state = train_losses(*_setup(family, mesh_shape, kind), batches)
   np.testing.assert_allclose(losses, _BASELINES[family], atol=1e-5)
 
   mesh = partitioning.make_mesh(mesh_shape)
@@ -192,7 +177,7 @@ def test_checkpoint_from_8_devices_restores_on_4_and_1_and_continues(tmp_path):
     state, _ = runner8.train(state, b)
   with CheckpointManager(tmp_path, async_save=False) as mgr:
     mgr.save(3, state)
-  reference, _ = _train(runner8, state, batches[3:])
+  reference, _ = train_losses(runner8, state, batches[3:])
 
   for shape, devices in (
     ({"data": 2, "tensor": 2}, jax.devices()[:4]),
@@ -205,7 +190,7 @@ def test_checkpoint_from_8_devices_restores_on_4_and_1_and_continues(tmp_path):
     assert restored.step == 3
     leaf = jax.tree.leaves(restored.state.params)[0]
     assert len(leaf.sharding.device_set) == len(devices)
-    losses, _ = _train(runner, restored.state, batches[3:])
+    losses, _ = train_losses(runner, restored.state, batches[3:])
     np.testing.assert_allclose(losses, reference, atol=1e-5)
 
 

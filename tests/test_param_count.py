@@ -6,13 +6,13 @@ Full sizes are built with `jax.eval_shape` (shapes only: no memory, no compilati
 import math
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import param_shapes
 
 from transformer.nn import config as config_lib
 from transformer.nn.config import ModelConfig
-from transformer.nn.models import FAMILIES, build_model, param_count
+from transformer.nn.models import FAMILIES, param_count
 from transformer.nn.positions import POSITIONS
 from transformer.nn.sizes import NAMED_SIZES, named
 
@@ -44,14 +44,7 @@ PINNED = {
 
 def real_param_count(c: ModelConfig) -> int:
   """Sum of parameter sizes of the model `c` builds, from `jax.eval_shape` of its init."""
-  model = build_model(c)
-  if c.family == "vit":
-    args = (jax.ShapeDtypeStruct((1, c.image_size, c.image_size, c.num_channels), jnp.float32),)
-  else:
-    tokens = jax.ShapeDtypeStruct((1, 4), jnp.int32)
-    args = (tokens, tokens) if c.family == "seq2seq" else (tokens,)
-  shapes = jax.eval_shape(lambda *a: model.init(jax.random.key(0), *a), *args)["params"]
-  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(shapes))
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(param_shapes(c)))
 
 
 def test_every_named_size_is_pinned():

@@ -3,20 +3,17 @@ the task's forward pass, the loss covers the suffix only, and the pipeline cuts 
 
 from __future__ import annotations
 
-import os
-
 import jax
 import numpy as np
 import pytest
-from conftest import make_tiny_config
+from conftest import make_tiny_config, shakespeare_data
 
 from transformer import tasks
-from transformer.data import DataConfig, make_datasets
+from transformer.data import make_datasets
 from transformer.nn.models import build_model
 from transformer.tasks import prefix_lm
 from transformer.train import experiment
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 T, PREFIX = 12, 5
 
 
@@ -64,13 +61,7 @@ def test_prefix_is_bidirectional_and_suffix_causal_through_the_task(impl, random
 
 
 def test_pipeline_cuts_every_window_inside_it(tmp_path):
-  cfg = DataConfig(
-    kind="prefix_lm",
-    path=os.path.join(REPO, "data", "tinyshakespeare.txt.gz"),
-    data_dir=str(tmp_path / "tfds"),
-    validation_fraction=0.1,
-    test_fraction=0.0,
-  )
+  cfg = shakespeare_data(tmp_path, "prefix_lm")
   spec = tasks.create(cfg, 32).data_spec()
   train, eval_factory, info = make_datasets(cfg, spec, tmp_path, 8, 32, 0, 0, 1)
   batches = [next(train) for _ in range(4)]

@@ -7,9 +7,10 @@ import os
 
 import numpy as np
 import pytest
+from conftest import shakespeare_data
 
 from transformer import tasks
-from transformer.data import DataConfig, make_datasets
+from transformer.data import make_datasets
 from transformer.data.tokenizers import EOS_ID
 from transformer.tasks import span_corruption as sc
 from transformer.train import experiment
@@ -90,14 +91,7 @@ def test_window_length_fits_inputs_and_targets_as_t5():
 
 
 def test_pipeline_batches_are_corrupted_windows_of_the_text(tmp_path):
-  cfg = DataConfig(
-    kind="span_corruption",
-    path=os.path.join(REPO, "data", "tinyshakespeare.txt.gz"),
-    data_dir=str(tmp_path / "tfds"),
-    validation_fraction=0.1,
-    test_fraction=0.0,
-    target_seq_len=16,
-  )
+  cfg = shakespeare_data(tmp_path, "span_corruption", target_seq_len=16)
   task = tasks.create(cfg, 48)
   train, eval_factory, info = make_datasets(cfg, task.data_spec(), tmp_path, 4, 48, 0, 0, 1)
   batch = next(train)

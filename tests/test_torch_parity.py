@@ -51,6 +51,20 @@ def _load_norm(norm: torch.nn.LayerNorm, p) -> None:
     norm.bias.copy_(_t(p["bias"]))
 
 
+def _torch_layer(cls, c, activation: str, norm_first: bool) -> torch.nn.Module:
+  """PyTorch's encoder or decoder layer (`cls`) at the sizes of `c`, without dropout."""
+  return cls(
+    D,
+    c.num_heads,
+    c.d_ff,
+    dropout=0.0,
+    activation=activation,
+    layer_norm_eps=c.norm_eps,
+    batch_first=True,
+    norm_first=norm_first,
+  ).eval()
+
+
 def _inputs(seed=0):
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((B, T, D)).astype(np.float32)
@@ -134,16 +148,7 @@ def test_encoder_block_matches_torch_encoder_layer(
   params = random_params(module, x, info)
   ours = jit_apply(module)(params, x, info)
 
-  layer = torch.nn.TransformerEncoderLayer(
-    D,
-    c.num_heads,
-    c.d_ff,
-    dropout=0.0,
-    activation=activation,
-    layer_norm_eps=c.norm_eps,
-    batch_first=True,
-    norm_first=norm_first,
-  ).eval()
+  layer = _torch_layer(torch.nn.TransformerEncoderLayer, c, activation, norm_first)
   _load_mha(layer.self_attn, params["self_attention"])
   _load_linear(layer.linear1, params["ffn"]["wi"])
   _load_linear(layer.linear2, params["ffn"]["wo"])
@@ -169,16 +174,7 @@ def test_decoder_block_matches_torch_decoder_layer(
   params = random_params(module, x, info, memory, cross_info)
   ours = jit_apply(module)(params, x, info, memory, cross_info)
 
-  layer = torch.nn.TransformerDecoderLayer(
-    D,
-    c.num_heads,
-    c.d_ff,
-    dropout=0.0,
-    activation=activation,
-    layer_norm_eps=c.norm_eps,
-    batch_first=True,
-    norm_first=norm_first,
-  ).eval()
+  layer = _torch_layer(torch.nn.TransformerDecoderLayer, c, activation, norm_first)
   _load_mha(layer.self_attn, params["self_attention"])
   _load_mha(layer.multihead_attn, params["cross_attention"])
   _load_linear(layer.linear1, params["ffn"]["wi"])

@@ -22,6 +22,7 @@ import sys
 import jax
 import pytest
 import wandb
+from conftest import tensorboard_events
 from fault_runs import tiny_lm_config
 
 from transformer.nn.models import flops_per_token, param_count
@@ -192,19 +193,7 @@ def test_start_report_and_console_lines_mfu_memory_and_overview(tracked):
 
 
 def _tensorboard_summaries(logdir: str) -> list:
-  from tensorboardX.proto import event_pb2
-
-  values = []
-  for path in sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*"))):
-    with open(path, "rb") as f:
-      data = f.read()
-    offset = 0
-    while offset < len(data):  # TFRecord: u64 length, u32 crc, payload, u32 crc
-      (length,) = struct.unpack("<Q", data[offset : offset + 8])
-      event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
-      offset += 12 + length + 4
-      values += [(event.step, v) for v in event.summary.value]
-  return values
+  return [(event.step, v) for event in tensorboard_events(logdir) for v in event.summary.value]
 
 
 def test_tensorboard_gets_the_config_as_hparams_and_the_sample_as_text(tracked):

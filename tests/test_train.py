@@ -13,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import make_lm_batch, train_losses
 from session_env import PATIENCE_S
 
 from transformer import tasks
@@ -57,17 +58,6 @@ def tiny_lm_config(**loop):
 # Steps: parallelism and accumulation are exact rewrites of the same update.
 
 
-def _lm_batch(rng, b=16, t=8, vocab=32):
-  tokens = rng.integers(1, vocab, size=(b, t + 1)).astype(np.int32)
-  return {
-    "inputs": tokens[:, :-1],
-    "targets": tokens[:, 1:],
-    "weights": np.ones((b, t), np.float32),
-    "segment_ids": np.ones((b, t), np.int32),
-    "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (b, t)).copy(),
-  }
-
-
 def _runner(parallelism, devices=None, accum=1, clip=1.0, lr=3e-3):
   cfg = ModelConfig(
     family="decoder", vocab_size=32, d_model=32, num_heads=4, num_layers=2, d_ff=64, max_len=16
@@ -84,18 +74,14 @@ def _runner(parallelism, devices=None, accum=1, clip=1.0, lr=3e-3):
 
 
 def _losses(runner, state, batches):
-  state = runner.place_state(state)
-  out = []
-  for b in batches:
-    state, metrics = runner.train(state, b)
-    out.append(float(metrics["loss"]))
-  return np.array(out), runner.host_state(state)
+  losses, state = train_losses(runner, state, batches)
+  return losses, runner.host_state(state)
 
 
 def test_jit_and_pmap_on_8_devices_match_one_device():
   assert jax.device_count() == 8, "tests/conftest.py fakes 8 CPU devices"
   rng = np.random.default_rng(0)
-  batches = [_lm_batch(rng) for _ in range(5)]
+  batches = [make_lm_batch(rng) for _ in range(5)]
   single, s1 = _losses(*_runner("jit", jax.devices()[:1]), batches)
   jit8, s8 = _losses(*_runner("jit"), batches)
   pmap8, sp = _losses(*_runner("pmap"), batches)
@@ -109,7 +95,7 @@ def test_jit_and_pmap_on_8_devices_match_one_device():
 
 def test_gradient_accumulation_equals_one_large_batch():
   rng = np.random.default_rng(1)
-  batches = [_lm_batch(rng) for _ in range(3)]
+  batches = [make_lm_batch(rng) for _ in range(3)]
   devices = jax.devices()[:1]
   big, s_big = _losses(*_runner("jit", devices, accum=1), batches)
   acc, s_acc = _losses(*_runner("jit", devices, accum=4), batches)
@@ -204,7 +190,7 @@ def test_mlm_row_scoring_more_positions_than_predicted_is_refused():
 
 
 def test_tiny_model_memorises_one_batch():
-  batch = _lm_batch(np.random.default_rng(2), b=4, t=8)
+  batch = make_lm_batch(np.random.default_rng(2), b=4, t=8)
   runner, state = _runner("jit", jax.devices()[:1], clip=10.0, lr=1e-2)
   state = runner.place_state(state)
   for _ in range(150):
@@ -216,7 +202,7 @@ def test_tiny_model_memorises_one_batch():
 
 def test_nonfinite_update_is_not_applied_and_reported():
   runner, state = _runner("jit", jax.devices()[:1])
-  batch = _lm_batch(np.random.default_rng(3))
+  batch = make_lm_batch(np.random.default_rng(3))
   state = runner.place_state(state)
   state, _ = runner.train(state, batch)
   before = jax.device_get(state.params)

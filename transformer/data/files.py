@@ -198,6 +198,11 @@ def one_line(e: BaseException) -> str:
   return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
+class StorageError(RuntimeError):
+  """A file or object of the run could not be written: the storage unreachable past its
+  clients' retries, a full disk, access refused. Its message is one line."""
+
+
 def is_remote(path: str | os.PathLike) -> bool:
   """True for an object-storage URL such as `gs://bucket/run` (read and written through
   `etils.epath`), False for a local path."""

@@ -197,6 +197,7 @@ class Save:
     ranked = None if evaluation is None else {f"eval_{k}": v for k, v in evaluation.items()}
     if self.best_metric and ranked is None:
       ranked = {f"eval_{self.best_metric}": float("nan")}
+    self.ckpt.wait_until_finished()  # a failed previous write is reported first, naming it
     self.writer.flush()  # metrics up to a checkpoint reach object storage with it
     self.save(state, ranked)
 

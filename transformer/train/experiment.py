@@ -70,6 +70,8 @@ class LoopConfig:
   # peer's heartbeat before the run stops naming it (the bound on every wait for the others)
   stall_timeout_s: int = DEFAULT_STALL_S  # several processes: seconds without progress
   # anywhere before the stuck process counts as lost (0 = never; guard/peers.py)
+  storage_retries: int = 0  # object storage: attempts per request before a write fails in
+  # one line (0 = the clients' own: about 30 s per request, 15 min for arrays)
 
   def __post_init__(self):
     _positive(self, "num_train_steps", "batch_size", "seq_len", "grad_accum_steps", "log_every")
@@ -84,7 +86,7 @@ class LoopConfig:
     if not self.preemption_grace_seconds > 0:
       fail("preemption_grace_seconds", self.preemption_grace_seconds, "must be > 0")
     _positive(self, "distributed_timeout_s")
-    _positive(self, "stall_timeout_s", minimum=0)
+    _positive(self, "stall_timeout_s", "storage_retries", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -77,7 +77,7 @@ def train_and_evaluate(
   if loop.compilation_cache_dir:  # reuse compiled steps across runs and restarts
     jax.config.update("jax_compilation_cache_dir", loop.compilation_cache_dir)
   is_primary = jax.process_index() == 0
-  with RunGuard(workdir, loop.preemption_grace_seconds) as guard:  # lock, SIGTERM, peers
+  with RunGuard(workdir, loop.preemption_grace_seconds, loop.storage_retries) as guard:
     # Build, then restore the latest checkpoint (or start from `init_from`).
     hooks.enter("build", 0)
     s = setup.build(exp, workdir)
@@ -89,7 +89,7 @@ def train_and_evaluate(
       best_metric=f"eval_{exp.checkpoint.best_metric}" if exp.checkpoint.best_metric else None,
       best_mode=exp.checkpoint.best_mode,
     )
-    with guard.watching(ckpt), ckpt:
+    with guard.watching(ckpt):  # peers, storage failures; closes `ckpt` at the end
       hooks.enter("restore", 0)
       state, resumed = _restore_or_init(exp, s, ckpt)
       if is_primary:

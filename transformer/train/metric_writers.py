@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from transformer.data.files import is_remote, write_atomic
+from transformer.data.files import StorageError, is_remote, one_line, write_atomic
 from transformer.data.progress import format_duration
 
 JSONL_NAME = "metrics.jsonl"
@@ -273,20 +273,31 @@ class MetricWriter:
       self._tb = None
 
   def _upload(self) -> None:
-    """Object storage: the JSONL log and the event files, each uploaded whole."""
-    write_atomic(self.jsonl_path, "".join(self._lines))
-    self._tb.flush()
-    remote = epath.Path(self.workdir) / TENSORBOARD_DIR
-    for name in sorted(os.listdir(self._staging)):
-      with open(os.path.join(self._staging, name), "rb") as f:
-        write_atomic(remote / name, f.read())
+    """Object storage: the JSONL log and the event files, each uploaded whole; a failure
+    (the storage unreachable past its retries) is a `StorageError`."""
+    try:
+      write_atomic(self.jsonl_path, "".join(self._lines))
+      self._tb.flush()
+      remote = epath.Path(self.workdir) / TENSORBOARD_DIR
+      for name in sorted(os.listdir(self._staging)):
+        with open(os.path.join(self._staging, name), "rb") as f:
+          write_atomic(remote / name, f.read())
+    except Exception as e:  # the storage clients raise many types (OSError, HTTP, auth)
+      raise StorageError(
+        f"the metrics could not be written to {self.workdir} ({one_line(e)})"
+      ) from None
     self._last_sync = time.monotonic()
 
   def __enter__(self) -> MetricWriter:
     return self
 
   def __exit__(self, exc_type: Any, *exc: Any) -> None:
-    self.close(failed=exc_type is not None)
+    try:
+      self.close(failed=exc_type is not None)
+    except StorageError as e:
+      if exc_type is None:
+        raise
+      logging.warning("%s", e)  # the error on its way says more: do not replace it
 
   def _console_line(self, step: int, values: Mapping[str, float], split: str) -> str:
     if split != "train":

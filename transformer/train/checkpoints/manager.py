@@ -108,6 +108,7 @@ class CheckpointManager:
     self._writing: int | None = None  # the step of the asynchronous write in flight
     self._last_write: int | None = None  # the step of the last write started
     self._failed = False  # a write failed (reported once)
+    self.committed = self._manager.latest_step()  # the newest step seen committed
     storage.quiet_orbax_tracebacks()
     self._swept = False  # partial writes of earlier runs removed (at the first save)
 
@@ -137,6 +138,8 @@ class CheckpointManager:
     except Exception as error:
       if not self._failed:  # else: the failure already reported, seen again
         self._write_failed(self._writing, error)
+    if self._writing is not None:
+      self.committed = self._writing
     self._writing = None
 
   def close(self) -> None:
@@ -168,7 +171,7 @@ class CheckpointManager:
   def _write_failed(self, step: int | None, error: BaseException) -> NoReturn:
     """Raises `CheckpointWriteError` for the failed write of `step` (`storage.write_failed`)."""
     self._writing, self._failed = None, True
-    raise storage.write_failed(self._directory, step, error) from error
+    raise storage.write_failed(self._directory, step, error, self.committed) from error
 
   def _sweep_partial_writes(self) -> None:
     """Removes the partial writes of earlier runs (killed, or stopped by a failed write);

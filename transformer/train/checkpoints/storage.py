@@ -14,12 +14,12 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
-from transformer.data.files import one_line
+from transformer.data.files import StorageError, one_line
 
 _PARTIAL_LOCAL = re.compile(r"(\d+)\.orbax-checkpoint-tmp.*")  # a local write in progress
 
 
-class CheckpointWriteError(RuntimeError):
+class CheckpointWriteError(StorageError):
   """A checkpoint could not be written (disk full, storage unreachable, ...); it was not
   committed, and the previous checkpoints are kept."""
 
@@ -44,6 +44,15 @@ def partial_writes(directory: str | epath.PathLike) -> list[epath.Path]:
     elif path.name.isdigit() and not ocp.path.step.is_path_finalized(path):
       found.append(path)
   return sorted(found, key=lambda p: p.name)
+
+
+def latest(directory: str | epath.PathLike, committed: int | None) -> str:
+  """`describe_latest` within 5 s or, when the storage does not answer, 'step N' from
+  `committed` (the newest step this process saw committed; 'none' for None)."""
+  found = describe_latest(directory, seconds=5.0)
+  if found.startswith("unknown"):
+    return "none" if committed is None else f"step {committed}"
+  return found
 
 
 def describe_latest(directory: str | epath.PathLike, seconds: float = 10.0) -> str:
@@ -87,11 +96,12 @@ def quiet_orbax_tracebacks() -> None:
 
 
 def write_failed(
-  directory: epath.Path, step: int | None, error: BaseException
+  directory: epath.Path, step: int | None, error: BaseException, committed: int | None
 ) -> CheckpointWriteError:
   """The error of a failed write of `step`, after removing what it left (process 0; best
   effort: the storage may still be failing): one line naming the step, the error and the
-  latest complete checkpoint, which is kept."""
+  latest complete checkpoint, which is kept (read from the storage within seconds; if it
+  does not answer, `committed`: the newest step this process saw committed)."""
   if jax.process_index() == 0:
     try:
       for path in partial_writes(directory):
@@ -102,7 +112,7 @@ def write_failed(
   what = f"checkpoint step {step}" if step is not None else "a checkpoint"
   return CheckpointWriteError(
     f"{what} could not be written to {directory} ({one_line(error)}); it was not "
-    f"committed, and the latest complete checkpoint is {describe_latest(directory)} "
+    f"committed, and the latest complete checkpoint is {latest(directory, committed)} "
     "(kept). Free space or restore access to the storage, then rerun the same command to "
     "resume from it"
   )

@@ -18,6 +18,8 @@ The loop asks questions; the machinery lives here (docs/RELIABILITY.md):
   same_config.py  the same config on every process, or one line naming the fields
   peers.py        the watch over the peers: a lost or stalled process ends every survivor
                   in one line naming the last good checkpoint; the orderly end
+  storage.py      object storage down past its clients' retries (bounded by
+                  `storage_retries`): one line naming the step and the latest checkpoint
   abort.py        the coordinator's loss seen from the other processes (a SIGABRT handler)
   nonfinite.py    the NaN/Inf report: the first bad update, never applied nor checkpointed
   run_record.py   one line per invocation in `WORKDIR/runs.jsonl`: what ran, how it ended
@@ -31,7 +33,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from transformer.train.guard import peers
+from transformer.data.files import StorageError, is_remote
+from transformer.train.guard import peers, storage
 from transformer.train.guard.lock import run_lock
 from transformer.train.guard.nonfinite import NonFinite, NonFiniteError
 from transformer.train.guard.preemption import Preemption, run_within
@@ -41,16 +44,23 @@ __all__ = ["NonFinite", "NonFiniteError", "RunGuard"]
 
 class RunGuard:
   """The lock on `workdir` and the preemption notice for one training run; `watching`
-  adds the peer watch once the checkpoints are open. See the module docstring."""
+  adds the peer watch and the storage's failures once the checkpoints are open. See the
+  module docstring. `storage_retries`: attempts per object-storage request (0: the
+  clients' own budgets)."""
 
-  def __init__(self, workdir: str, grace_seconds: float):
+  def __init__(self, workdir: str, grace_seconds: float, storage_retries: int = 0):
     self.workdir = workdir
     self.preemption = Preemption(grace_seconds)
+    self.storage_retries = storage_retries
+    self.step = 0  # the update the loop is on
     self._stack = contextlib.ExitStack()
     self._lock: Any = None
 
   def __enter__(self) -> RunGuard:
     with contextlib.ExitStack() as stack:
+      if is_remote(self.workdir):
+        storage.limit_retries(self.storage_retries)
+        stack.callback(storage.quiet_retries())
       self._lock = stack.enter_context(run_lock(self.workdir))
       stack.enter_context(self.preemption)
       self._stack = stack.pop_all()
@@ -61,10 +71,22 @@ class RunGuard:
 
   @contextlib.contextmanager
   def watching(self, ckpt: Any) -> Iterator[None]:
-    """Several processes: the watch names `ckpt`'s last good step in its lines, and the
-    processes leave together at the end (an error: saying why). Nothing on one."""
-    with peers.watching(ckpt.directory):
-      yield
+    """Around the training run, with the checkpoint manager `ckpt` (closed at the end):
+    a write that fails (`StorageError`) becomes one line naming the step and the latest
+    complete checkpoint; on object storage the process ends there, status 1, without
+    waiting for the storage clients' threads. Several processes: the watch names `ckpt`'s
+    last good step in its lines, and the processes leave together at the end."""
+    with peers.watching(ckpt.directory), ckpt:
+      try:
+        yield
+      except StorageError as e:
+        line = storage.failure_line(e, self.step, ckpt)
+        if not is_remote(self.workdir):
+          raise StorageError(line) from e
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        peers.leave_now(line)  # several processes: the others stop, naming this one
+        os._exit(1)
 
   # -- what the loop asks ------------------------------------------------------------------
 
@@ -78,6 +100,7 @@ class RunGuard:
 
   def progress(self, step: int) -> None:
     """The loop fetched the batch of update `step` (the stall watch's sign of life)."""
+    self.step = step
     peers.progress(step)
 
   def should_stop(self, step: int) -> bool:
