@@ -13,7 +13,7 @@ naming the field before anything is built. Code past this boundary trusts the ty
   mesh        `MeshConfig`, mesh_rules: logical axis -> mesh axes
   wandb       `WandbConfig` (Weights & Biases tracking, off by default)
   (top level) the fields of `LoopConfig`, `CheckpointConfig`, `EvalConfig`, `EMAConfig`,
-              `TelemetryConfig`
+              `TelemetryConfig`, `FaultConfig` (train/guard/config.py)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from transformer.nn.partitioning import MESH_AXES, RULES
 from transformer.train import optimizer as optimizer_lib
 from transformer.train import pretrained as pretrained_lib
 from transformer.train import schedules
-from transformer.train.guard.startup import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S
+from transformer.train.guard.config import FaultConfig
 from transformer.train.typed_config import as_dict, check_type, convert, field_type
 
 PARALLELISM = ("jit", "pmap")
@@ -61,17 +61,10 @@ class LoopConfig:
   parallelism: str = "jit"  # jit (mesh sharding, batch over 'data') or pmap (axis 'batch')
   log_every: int = 50  # steps between training-metric lines
   skip_nonfinite: bool = False  # skip (and count) updates with NaN/Inf instead of stopping
-  preemption_grace_seconds: float = 25.0  # SIGTERM: seconds to save and exit (< the kill)
   init_from: str = ""  # workdir / checkpoint folder whose matching parameters init the model,
   # or 'hf:DIR', a Hugging Face directory: its model config, weights and tokenizer,
   # or 'bv:FILE.npz', a big_vision ViT: its model config and weights
   compilation_cache_dir: str = ""  # persistent XLA compilation cache folder ('' = off)
-  distributed_timeout_s: int = DEFAULT_TIMEOUT_S  # several processes: seconds without a
-  # peer's heartbeat before the run stops naming it (the bound on every wait for the others)
-  stall_timeout_s: int = DEFAULT_STALL_S  # several processes: seconds without progress
-  # anywhere before the stuck process counts as lost (0 = never; guard/peers.py)
-  storage_retries: int = 0  # object storage: attempts per request before a write fails in
-  # one line (0 = the clients' own: about 30 s per request, 15 min for arrays)
 
   def __post_init__(self):
     _positive(self, "num_train_steps", "batch_size", "seq_len", "grad_accum_steps", "log_every")
@@ -83,10 +76,6 @@ class LoopConfig:
       fail("z_loss", self.z_loss, "must be >= 0")
     if self.parallelism not in PARALLELISM:
       fail("parallelism", self.parallelism, f"must be one of {', '.join(PARALLELISM)}")
-    if not self.preemption_grace_seconds > 0:
-      fail("preemption_grace_seconds", self.preemption_grace_seconds, "must be > 0")
-    _positive(self, "distributed_timeout_s")
-    _positive(self, "stall_timeout_s", "storage_retries", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +212,7 @@ class WandbConfig:
       fail("wandb.project", self.project, "must name a W&B project")
 
 
-TOP_BLOCKS = (LoopConfig, CheckpointConfig, EvalConfig, EMAConfig, TelemetryConfig)  # flat fields
+TOP_BLOCKS = (LoopConfig, CheckpointConfig, EvalConfig, EMAConfig, TelemetryConfig, FaultConfig)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,6 +234,7 @@ class Experiment:
   ema: EMAConfig = EMAConfig()  # the parameter EMA (off by default)
   telemetry: TelemetryConfig = TelemetryConfig()  # MFU peak, profiler window
   wandb: WandbConfig = WandbConfig()  # Weights & Biases tracking (off by default)
+  faults: FaultConfig = FaultConfig()  # preemption, lost and stalled peers, storage
   # A pretrained init_from's record (`pretrained.read_record`): written to the workdir by setup.
   pretrained: dict[str, Any] | None = None
 
@@ -302,7 +292,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   for name in flat:
     if name not in known:
       fail(name, flat[name], f"unknown field; known: {', '.join(sorted([*nested, *known]))}")
-  loop, checkpoint, evaluation, ema, telemetry = (
+  loop, checkpoint, evaluation, ema, telemetry, faults = (
     convert(cls, {f.name: flat[f.name] for f in dataclasses.fields(cls) if f.name in flat})
     for cls in TOP_BLOCKS
   )
@@ -371,6 +361,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
     pretrained=pretrained,
     telemetry=telemetry,
     wandb=wandb,
+    faults=faults,
   )
 
 

@@ -77,7 +77,7 @@ def train_and_evaluate(
   if loop.compilation_cache_dir:  # reuse compiled steps across runs and restarts
     jax.config.update("jax_compilation_cache_dir", loop.compilation_cache_dir)
   is_primary = jax.process_index() == 0
-  with RunGuard(workdir, loop.preemption_grace_seconds, loop.storage_retries) as guard:
+  with RunGuard(workdir, exp.faults) as guard:  # lock, SIGTERM, peers, storage
     # Build, then restore the latest checkpoint (or start from `init_from`).
     hooks.enter("build", 0)
     s = setup.build(exp, workdir)

@@ -1,6 +1,6 @@
 """Fault tolerance, kept behind one guard the training loop enters once.
 
-    with RunGuard(workdir, grace_seconds) as guard:   # the workdir's lock, SIGTERM
+    with RunGuard(workdir, exp.faults) as guard:      # the workdir's lock, SIGTERM
       ...build, open the checkpoints...
       with guard.watching(ckpt):                      # several processes: the peer watch
         for done in ...:
@@ -18,6 +18,8 @@ The loop asks questions; the machinery lives here (docs/RELIABILITY.md):
   same_config.py  the same config on every process, or one line naming the fields
   peers.py        the watch over the peers: a lost or stalled process ends every survivor
                   in one line naming the last good checkpoint; the orderly end
+  config.py       `FaultConfig`: the grace period, the peers' and stall timeouts, the
+                  storage clients' retries (top-level config fields)
   storage.py      object storage down past its clients' retries (bounded by
                   `storage_retries`): one line naming the step and the latest checkpoint
   abort.py        the coordinator's loss seen from the other processes (a SIGABRT handler)
@@ -35,23 +37,23 @@ from typing import Any
 
 from transformer.data.files import StorageError, is_remote
 from transformer.train.guard import peers, storage
+from transformer.train.guard.config import FaultConfig
 from transformer.train.guard.lock import run_lock
 from transformer.train.guard.nonfinite import NonFinite, NonFiniteError
 from transformer.train.guard.preemption import Preemption, run_within
 
-__all__ = ["NonFinite", "NonFiniteError", "RunGuard"]
+__all__ = ["FaultConfig", "NonFinite", "NonFiniteError", "RunGuard"]
 
 
 class RunGuard:
   """The lock on `workdir` and the preemption notice for one training run; `watching`
   adds the peer watch and the storage's failures once the checkpoints are open. See the
-  module docstring. `storage_retries`: attempts per object-storage request (0: the
-  clients' own budgets)."""
+  module docstring; `faults`: the grace period and the storage clients' retries."""
 
-  def __init__(self, workdir: str, grace_seconds: float, storage_retries: int = 0):
+  def __init__(self, workdir: str, faults: FaultConfig):
     self.workdir = workdir
-    self.preemption = Preemption(grace_seconds)
-    self.storage_retries = storage_retries
+    self.preemption = Preemption(faults.preemption_grace_seconds)
+    self.storage_retries = faults.storage_retries
     self.step = 0  # the update the loop is on
     self._stack = contextlib.ExitStack()
     self._lock: Any = None

@@ -28,11 +28,9 @@ import jax
 
 from transformer.data.files import one_line
 from transformer.train.guard import peers, same_config
+from transformer.train.guard.config import DEFAULT_STALL_S, DEFAULT_TIMEOUT_S
 
 _EXPLICIT = ("TRANSFORMER_COORDINATOR", "TRANSFORMER_NUM_PROCESSES", "TRANSFORMER_PROCESS_ID")
-DEFAULT_TIMEOUT_S = 180  # seconds without a peer's heartbeat before it counts as lost
-DEFAULT_STALL_S = 1800  # seconds without progress on any process before the stuck one
-# counts as lost (0 = never); it must outlast the longest evaluation batch or checkpoint wait
 
 
 def _fail(message: str) -> None:
