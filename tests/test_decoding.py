@@ -329,8 +329,8 @@ def test_sampling_top_k_1_and_low_temperature_are_greedy_and_seeds_reproduce():
   greedy = np.asarray(decode.generate(model, params, PROMPTS, **kwargs).tokens)
 
   def sample(seed, **options):
-    rng = jax.random.key(seed)
-    out = decode.generate(model, params, PROMPTS, method="sample", rng=rng, **kwargs, **options)
+    sampling = decode.Sampling(jax.random.key(seed), **options)
+    out = decode.generate(model, params, PROMPTS, method="sample", sampling=sampling, **kwargs)
     return np.asarray(out.tokens)
 
   np.testing.assert_array_equal(sample(0, top_k=1, temperature=2.0), greedy)
@@ -434,9 +434,18 @@ def _bad_requests():
     "no new tokens": (lambda: gen([[1]], max_new_tokens=0), "max_new_tokens=0"),
     "short prompt_len": (lambda: gen([[1, 2, 3]], max_new_tokens=2, prompt_len=2), "shorter"),
     "method": (lambda: gen([[1]], max_new_tokens=2, method="topk"), "method='topk'"),
-    "no rng": (lambda: gen([[1]], max_new_tokens=2, method="sample"), "rng"),
+    "no sampling": (lambda: gen([[1]], max_new_tokens=2, method="sample"), "needs sampling="),
+    "no rng": (
+      lambda: gen([[1]], max_new_tokens=2, method="sample", sampling=decode.Sampling(None)),
+      "rng",
+    ),
     "top_p": (
-      lambda: gen([[1]], max_new_tokens=2, method="sample", top_p=0.0, rng=jax.random.key(0)),
+      lambda: gen(
+        [[1]],
+        max_new_tokens=2,
+        method="sample",
+        sampling=decode.Sampling(jax.random.key(0), top_p=0.0),
+      ),
       "top_p",
     ),
     "beam_size": (lambda: gen([[1]], max_new_tokens=2, method="beam", beam_size=0), "beam_size"),

@@ -18,7 +18,7 @@ import numpy as np
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 from transformer.decode.beam import lm_beam_search, seq2seq_beam_search
 from transformer.decode.loops import DecodeResult, lm_decode, seq2seq_decode
-from transformer.decode.sampling import Sampling
+from transformer.decode.sampling import Sampling, checked, unwrap
 from transformer.nn.models import DecoderLM, EncoderDecoder
 
 __all__ = ["generate", "left_pad", "translate"]
@@ -62,10 +62,6 @@ def left_pad(
   return _pad(prompts, length, left=True, what="prompt")
 
 
-def _unwrap(params: Any) -> Any:
-  return params["params"] if isinstance(params, dict) and set(params) == {"params"} else params
-
-
 def _check_tokens(tokens: np.ndarray, vocab: int, what: str) -> None:
   bad = (tokens < 0) | (tokens >= vocab)
   if bad.any():
@@ -75,16 +71,9 @@ def _check_tokens(tokens: np.ndarray, vocab: int, what: str) -> None:
     )
 
 
-def _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, eos_id, rng):
+def _check_options(config, method, beam_size, alpha, eos_id):
   if method not in METHODS:
     raise ValueError(f"method={method!r}: expected one of {', '.join(METHODS)}")
-  if method == "sample":
-    if temperature < 0:
-      raise ValueError(f"temperature={temperature} must be >= 0")
-    if top_k < 0 or not 0.0 < top_p <= 1.0:
-      raise ValueError(f"top_k={top_k} must be >= 0 and top_p={top_p} in (0, 1]")
-    if rng is None and temperature > 0:
-      raise ValueError("method='sample' needs an rng (a jax PRNG key)")
   if method == "beam" and (beam_size < 1 or alpha < 0):
     raise ValueError(f"beam_size={beam_size} must be >= 1 and alpha={alpha} >= 0")
   if eos_id is not None and not 0 <= eos_id < config.vocab_size:
@@ -95,8 +84,7 @@ def _run(decode, beam_search, args, length, method, sampling, beam_size, alpha, 
   eos = -1 if eos_id is None else eos_id
   if method == "beam":
     return beam_search(*args, length=length, beam_size=beam_size, alpha=alpha, eos_id=eos)
-  greedy = method == "greedy" or sampling.temperature == 0
-  return decode(*args, length=length, sampling=None if greedy else sampling, eos_id=eos)
+  return decode(*args, length=length, sampling=sampling, eos_id=eos)
 
 
 def generate(
@@ -106,21 +94,19 @@ def generate(
   *,
   max_new_tokens: int,
   method: str = "greedy",
-  temperature: float = 1.0,
-  top_k: int = 0,
-  top_p: float = 1.0,
+  sampling: Sampling | None = None,
   beam_size: int = 4,
   alpha: float = 0.6,
   eos_id: int | None = EOS_ID,
-  rng: jax.Array | None = None,
   prompt_len: int | None = None,
 ) -> DecodeResult:
   """Continues each prompt of a DecoderLM by up to `max_new_tokens` tokens.
 
   prompts: B non-empty lists of token ids (any lengths), or an int array [B, P].
-  method: 'greedy'; 'sample' (temperature, then top_k (0 = off), then top_p (1 = off);
-    temperature 0 is greedy; seeded by the PRNG key `rng`); 'beam' (beam_size, GNMT
-    length penalty exponent alpha >= 0). eos_id: None to always run max_new_tokens.
+  method: 'greedy'; 'sample' (`sampling`: temperature, then top_k (0 = off), then top_p
+    (1 = off); temperature 0 is greedy; seeded by the PRNG key `sampling.rng`); 'beam'
+    (beam_size, GNMT length penalty exponent alpha >= 0). eos_id: None to always run
+    max_new_tokens.
   prompt_len: left-pad to this length instead of the longest prompt, so batches of
     different prompt lengths share one compilation.
   Raises ValueError, before anything is compiled, for an empty or out-of-vocabulary
@@ -130,7 +116,8 @@ def generate(
   if not isinstance(model, DecoderLM):
     raise ValueError(f"generate needs a DecoderLM, got {type(model).__name__}")
   config = model.config
-  _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, eos_id, rng)
+  _check_options(config, method, beam_size, alpha, eos_id)
+  sampling = checked(method, sampling)
   tokens, lengths = left_pad(prompts, prompt_len)  # [B, P], [B]
   _check_tokens(tokens, config.vocab_size, "prompt")
   if max_new_tokens < 1 or tokens.shape[1] + max_new_tokens > config.max_len:
@@ -138,8 +125,7 @@ def generate(
       f"prompt length {tokens.shape[1]} + max_new_tokens={max_new_tokens} must be in "
       f"[{tokens.shape[1] + 1}, config.max_len={config.max_len}]"
     )
-  sampling = Sampling(rng, temperature, top_k, top_p)
-  args = (model, _unwrap(params), tokens, lengths)
+  args = (model, unwrap(params), tokens, lengths)
   fns = (lm_decode, lm_beam_search)
   return _run(*fns, args, max_new_tokens, method, sampling, beam_size, alpha, eos_id)
 
@@ -151,13 +137,10 @@ def translate(
   *,
   max_len: int | None = None,
   method: str = "greedy",
+  sampling: Sampling | None = None,
   beam_size: int = 4,
   alpha: float = 0.6,
   eos_id: int | None = EOS_ID,
-  temperature: float = 1.0,
-  top_k: int = 0,
-  top_p: float = 1.0,
-  rng: jax.Array | None = None,
 ) -> DecodeResult:
   """Decodes targets of up to `max_len` tokens (default config.max_len) for each source.
 
@@ -169,7 +152,8 @@ def translate(
   if not isinstance(model, EncoderDecoder):
     raise ValueError(f"translate needs an EncoderDecoder, got {type(model).__name__}")
   config = model.config
-  _check_options(config, method, temperature, top_k, top_p, beam_size, alpha, eos_id, rng)
+  _check_options(config, method, beam_size, alpha, eos_id)
+  sampling = checked(method, sampling)
   if isinstance(inputs, np.ndarray | jax.Array) and np.ndim(inputs) == 2:
     tokens = np.asarray(inputs)  # [B, S]
     if tokens.dtype.kind not in "iu":
@@ -186,7 +170,6 @@ def translate(
       f"max_len={max_len} and source length {tokens.shape[1]} must be in "
       f"[1, config.max_len={config.max_len}]"
     )
-  sampling = Sampling(rng, temperature, top_k, top_p)
-  args = (model, _unwrap(params), tokens.astype(np.int32))
+  args = (model, unwrap(params), tokens.astype(np.int32))
   fns = (seq2seq_decode, seq2seq_beam_search)
   return _run(*fns, args, max_len, method, sampling, beam_size, alpha, eos_id)

@@ -7,7 +7,7 @@ recompile when it changes).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +16,7 @@ __all__ = [
   "Sampling",
   "Select",
   "argmax",
+  "checked",
   "filter_logits",
   "sample",
   "selector",
@@ -33,16 +34,40 @@ FAST_TOP_K = FAST_TOP_K_WIDTHS[-1]
 
 
 class Sampling(NamedTuple):
-  """Sampling options of the jitted loops; all traced, so new values do not recompile.
+  """Sampling options of `generate`, `translate`, `generate_sliding` and the jitted loops;
+  all traced, so new values do not recompile.
 
   Step i draws with `fold_in(rng, i)`: temperature > 0, then top_k (0 = off), then
   top_p (1 = off). A loop given `sampling=None` is greedy.
   """
 
-  rng: jax.Array
+  rng: jax.Array | None  # None only with temperature 0 (greedy)
   temperature: float | jax.Array = 1.0
   top_k: int | jax.Array = 0
   top_p: float | jax.Array = 1.0
+
+
+def checked(method: str, sampling: Sampling | None) -> Sampling | None:
+  """The sampling a decoding with `method` runs: for 'sample', `sampling` after checking
+  its options (ValueError naming the bad one), None when its temperature is 0 (greedy);
+  None for any other method."""
+  if method != "sample":
+    return None
+  if sampling is None:
+    raise ValueError("method='sample' needs sampling=Sampling(rng, temperature, top_k, top_p)")
+  t, k, p = sampling.temperature, sampling.top_k, sampling.top_p
+  if t < 0:
+    raise ValueError(f"temperature={t} must be >= 0")
+  if k < 0 or not 0.0 < p <= 1.0:
+    raise ValueError(f"top_k={k} must be >= 0 and top_p={p} in (0, 1]")
+  if sampling.rng is None and t > 0:
+    raise ValueError("method='sample' needs Sampling.rng (a jax PRNG key)")
+  return None if t == 0 else sampling
+
+
+def unwrap(params: Any) -> Any:
+  """The parameter tree of `params` or of {'params': params}."""
+  return params["params"] if isinstance(params, dict) and set(params) == {"params"} else params
 
 
 def top_k_filter(logits: jax.Array, k: int | jax.Array) -> jax.Array:

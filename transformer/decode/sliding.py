@@ -31,7 +31,7 @@ from jax import lax
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 from transformer.decode.api import left_pad
 from transformer.decode.loops import DecodeResult
-from transformer.decode.sampling import Sampling, selector
+from transformer.decode.sampling import Sampling, checked, selector, unwrap
 from transformer.nn.models import DecoderLM
 
 __all__ = ["generate_sliding", "sliding_decode"]
@@ -96,11 +96,8 @@ def generate_sliding(
   *,
   max_new_tokens: int,
   method: str = "greedy",
-  temperature: float = 1.0,
-  top_k: int = 0,
-  top_p: float = 1.0,
+  sampling: Sampling | None = None,
   eos_id: int | None = EOS_ID,
-  rng: jax.Array | None = None,
 ) -> DecodeResult:
   """Continues each prompt by `max_new_tokens` tokens through a sliding window of the
   model's `max_len` tokens (any length; a prompt longer than the window is read through
@@ -113,11 +110,7 @@ def generate_sliding(
     raise ValueError(f"method={method!r}: a sliding window decodes 'greedy' or 'sample'")
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-  if method == "sample":
-    if temperature < 0 or top_k < 0 or not 0.0 < top_p <= 1.0:
-      raise ValueError(f"temperature={temperature} >= 0, top_k={top_k} >= 0, top_p in (0, 1]")
-    if rng is None and temperature > 0:
-      raise ValueError("method='sample' needs an rng (a jax PRNG key)")
+  sampling = checked(method, sampling)
   if eos_id is not None and not 0 <= eos_id < config.vocab_size:
     raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {config.vocab_size})")
   tokens, lengths = left_pad(prompts)  # [B, P], [B]
@@ -127,10 +120,7 @@ def generate_sliding(
     raise ValueError(f"prompt row {row} holds token id {tokens[row, col]} outside the vocabulary")
   keep = min(tokens.shape[1], config.max_len)  # the window reads at most max_len of a prompt
   tokens, lengths = tokens[:, -keep:], np.minimum(lengths, keep)
-  greedy = method == "greedy" or temperature == 0
-  sampling = None if greedy else Sampling(rng, temperature, top_k, top_p)
-  params = params["params"] if isinstance(params, dict) and set(params) == {"params"} else params
   eos = -1 if eos_id is None else eos_id
   return sliding_decode(
-    model, params, tokens, lengths, length=max_new_tokens, sampling=sampling, eos_id=eos
+    model, unwrap(params), tokens, lengths, length=max_new_tokens, sampling=sampling, eos_id=eos
   )

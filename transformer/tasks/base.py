@@ -26,6 +26,7 @@ import numpy as np
 from transformer.data.config import IMAGE_SOURCES, DataConfig, fail
 from transformer.data.datasets import DataInfo
 from transformer.data.spec import DataSpec
+from transformer.decode.sampling import Sampling
 from transformer.nn import models, moe
 from transformer.nn.config import ModelConfig
 
@@ -71,6 +72,10 @@ class EvalOptions:
   top_p: float = 1.0  # LM: nucleus mass (1 = all)
   bleu_method: str = "beam"  # translation decoding: beam | greedy
   beam_size: int = 4  # translation beam size
+
+  def sampling(self) -> Sampling:
+    """The LM sampling these options ask for (seed 0: a rerun draws the same samples)."""
+    return Sampling(jax.random.PRNGKey(0), self.temperature, self.top_k, self.top_p)
 
 
 @dataclasses.dataclass

@@ -18,6 +18,7 @@ import sacrebleu
 from transformer import decode
 from transformer.data.progress import progress
 from transformer.data.tokenizers import EOS_ID, PAD_ID
+from transformer.decode.sampling import Sampling
 from transformer.decode.sliding import generate_sliding
 
 PAST_CONTEXT = ("cap", "slide")  # what LM sampling does with tokens beyond the context
@@ -29,15 +30,13 @@ def sample_texts(
   tokenizer: Any,
   prompts: list[str],
   *,
+  sampling: Sampling,
   num_samples: int = 1,
   max_new_tokens: int = 200,
-  temperature: float = 1.0,
-  top_k: int = 0,
-  top_p: float = 1.0,
-  seed: int = 0,
   sliding: bool = False,
 ) -> list[dict[str, str]]:
-  """`num_samples` continuations of each prompt (LMs). Raises ValueError for bad prompts.
+  """`num_samples` continuations of each prompt (LMs) drawn with `sampling`. Raises
+  ValueError for bad prompts.
 
   `sliding`: through a window of the model's last `max_len` tokens (`decode.sliding`), so
   prompt + new tokens may exceed the context; else cached decoding within the context.
@@ -54,11 +53,8 @@ def sample_texts(
     rows,
     max_new_tokens=max_new_tokens,
     method="sample",
-    temperature=temperature,
-    top_k=top_k,
-    top_p=top_p,
+    sampling=sampling,
     eos_id=tokenizer.eos_id,
-    rng=jax.random.PRNGKey(seed),
   )
   how = f"sliding window of {max_len} tokens" if sliding else "cached"
   tokens = [_strip(t, tokenizer.eos_id, pad_id=None) for t in np.asarray(out.tokens)]

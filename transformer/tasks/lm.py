@@ -11,9 +11,11 @@ from __future__ import annotations
 import dataclasses
 
 import grain
+import jax
 
 from transformer.data import pipeline
 from transformer.data.spec import F32, I32, DataContext, DataSpec
+from transformer.decode.sampling import Sampling
 from transformer.tasks import evals
 from transformer.tasks.base import EvalOptions, Extras, Run, Task
 
@@ -94,9 +96,8 @@ class LanguageModeling(Task):
       run.params,
       run.info.tokenizer,
       [prompt],
+      sampling=Sampling(jax.random.PRNGKey(extras.seed), extras.sample_temperature),
       max_new_tokens=max_new,
-      temperature=extras.sample_temperature,
-      seed=extras.seed,
     )
     print(f"--- sample ({max_new} tokens, temperature {extras.sample_temperature}) ---")
     print(prompt + sample["sample"])
@@ -123,11 +124,9 @@ class LanguageModeling(Task):
       run.params,
       run.info.tokenizer,
       prompts,
+      sampling=options.sampling(),
       num_samples=options.num_samples,
       max_new_tokens=new,
-      temperature=options.temperature,
-      top_k=options.top_k,
-      top_p=options.top_p,
       sliding=options.past_context == "slide",
     )
     return {"samples": samples, **({"notes": [note]} if note else {})}
