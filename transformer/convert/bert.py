@@ -33,35 +33,70 @@ MLM = "BertForMaskedLM"
 CLASSIFIER = "BertForSequenceClassification"
 PREFIX = "bert."
 
+# What ViT shares with BERT: the `BertConfig` fields of the encoder stack and the
+# self-attention tensors of a layer.
+
+
+def encoder_from_hf(hf: Mapping[str, Any], architecture: str, dropout: float) -> dict[str, Any]:
+  """The ModelConfig fields of a `BertConfig`-style encoder stack: sizes, biased LayerNorm
+  layers, the activation, and the dropout rates (HF's default: `dropout`)."""
+  return {
+    "activation": activation(hf, architecture, "hidden_act"),
+    "d_model": hf["hidden_size"],
+    "num_heads": hf["num_attention_heads"],
+    "num_kv_heads": None,
+    "num_layers": hf["num_hidden_layers"],
+    "d_ff": hf["intermediate_size"],
+    "position": "learned",
+    "norm": "layernorm",
+    "norm_eps": hf.get("layer_norm_eps", 1e-12),
+    "use_bias": True,
+    "dropout_rate": hf.get("hidden_dropout_prob", dropout),
+    "attention_dropout_rate": hf.get("attention_probs_dropout_prob", dropout),
+    **PLAIN,
+  }
+
+
+def encoder_to_hf(c: ModelConfig, architecture: str) -> dict[str, Any]:
+  """The `BertConfig`-style config.json fields of `encoder_from_hf`."""
+  return {
+    "hidden_size": c.d_model,
+    "num_attention_heads": c.num_heads,
+    "num_hidden_layers": c.num_layers,
+    "intermediate_size": c.d_ff,
+    "layer_norm_eps": c.norm_eps,
+    "hidden_act": hf_activation(c, architecture),
+    "hidden_dropout_prob": c.dropout_rate,
+    "attention_probs_dropout_prob": c.attention_dropout_rate,
+  }
+
+
+def attention_rules(ours: str, hf: str, qkv: str, c: ModelConfig) -> list[Rule]:
+  """Our layer `ours`' self-attention <-> HF's `{hf}.attention.{qkv}.{query,key,value}`
+  and `{hf}.attention.output.dense` (`qkv`: 'self' in BERT, 'attention' in ViT)."""
+  n, h = c.num_heads, c.head_dim
+  out = []
+  for name in ("query", "key", "value"):
+    out += heads_in(f"{ours}/self_attention/{name}", f"{hf}.attention.{qkv}.{name}", n, h)
+  return out + heads_out(f"{ours}/self_attention/out", f"{hf}.attention.output.dense", n, h)
+
 
 def config_from_hf(architecture: str, hf: Mapping[str, Any]) -> dict[str, Any]:
   a = architecture
   require(hf, a, "position_embedding_type", ("absolute",))
   require(hf, a, "is_decoder", (False,))
   require(hf, a, "add_cross_attention", (False,))
-  act = activation(hf, a, "hidden_act")
   fields = {
+    **encoder_from_hf(hf, a, dropout=0.1),
     "family": "encoder",
     "vocab_size": hf["vocab_size"],
-    "d_model": hf["hidden_size"],
-    "num_heads": hf["num_attention_heads"],
-    "num_kv_heads": None,
-    "num_layers": hf["num_hidden_layers"],
-    "d_ff": hf["intermediate_size"],
     "max_len": hf["max_position_embeddings"],
     "type_vocab_size": hf.get("type_vocab_size", 2),
-    "position": "learned",
-    "norm": "layernorm",
     "norm_position": "post",
-    "norm_eps": hf.get("layer_norm_eps", 1e-12),
-    "activation": act,
-    "use_bias": True,
-    "dropout_rate": hf.get("hidden_dropout_prob", 0.1),
-    "attention_dropout_rate": hf.get("attention_probs_dropout_prob", 0.1),
-    **PLAIN,
   }
   if a == MLM:
-    if act != "gelu":  # our MLM transform is BERT's exact GELU, whatever the FFN uses
+    # Our MLM transform is BERT's exact GELU, whatever the FFN uses.
+    if fields["activation"] != "gelu":
       unsupported(a, "hidden_act", hf["hidden_act"], ("gelu",))
     return {**fields, "num_classes": 0, "tie_embeddings": hf.get("tie_word_embeddings", True)}
   return {**fields, "num_classes": num_labels(hf), "pooling": "cls"}
@@ -71,16 +106,9 @@ def config_to_hf(architecture: str, c: ModelConfig) -> dict[str, Any]:
   out = {
     "model_type": "bert",
     "vocab_size": c.vocab_size,
-    "hidden_size": c.d_model,
-    "num_attention_heads": c.num_heads,
-    "num_hidden_layers": c.num_layers,
-    "intermediate_size": c.d_ff,
+    **encoder_to_hf(c, architecture),
     "max_position_embeddings": c.max_len,
     "type_vocab_size": c.type_vocab_size,
-    "layer_norm_eps": c.norm_eps,
-    "hidden_act": hf_activation(c, architecture),
-    "hidden_dropout_prob": c.dropout_rate,
-    "attention_probs_dropout_prob": c.attention_dropout_rate,
     "position_embedding_type": "absolute",
     "pad_token_id": 0,
   }
@@ -91,7 +119,6 @@ def config_to_hf(architecture: str, c: ModelConfig) -> dict[str, Any]:
 
 def backbone(c: ModelConfig) -> list[Rule]:
   """Embeddings and layers: our 'encoder/...' (+ 'token_embed') <-> 'bert.embeddings/encoder'."""
-  n, h = c.num_heads, c.head_dim
   e = f"{PREFIX}embeddings"
   out = [
     same("token_embed/embedding", f"{e}.word_embeddings.weight"),
@@ -101,9 +128,7 @@ def backbone(c: ModelConfig) -> list[Rule]:
   ]
   for i in range(c.num_layers):
     ours, hf = f"encoder/layers/layer_{i}", f"{PREFIX}encoder.layer.{i}"
-    for name in ("query", "key", "value"):
-      out += heads_in(f"{ours}/self_attention/{name}", f"{hf}.attention.self.{name}", n, h)
-    out += heads_out(f"{ours}/self_attention/out", f"{hf}.attention.output.dense", n, h)
+    out += attention_rules(ours, hf, "self", c)
     out += norm(f"{ours}/self_attention_norm", f"{hf}.attention.output.LayerNorm")
     out += linear(f"{ours}/ffn/wi", f"{hf}.intermediate.dense")
     out += linear(f"{ours}/ffn/wo", f"{hf}.output.dense")

@@ -12,13 +12,8 @@ from typing import Any
 import numpy as np
 
 from transformer.convert.base import (
-  PLAIN,
   Converter,
   Rule,
-  activation,
-  heads_in,
-  heads_out,
-  hf_activation,
   labels,
   linear,
   norm,
@@ -27,6 +22,7 @@ from transformer.convert.base import (
   same,
   unsupported,
 )
+from transformer.convert.bert import attention_rules, encoder_from_hf, encoder_to_hf
 from transformer.nn.config import ModelConfig
 
 ARCHITECTURE = "ViTForImageClassification"
@@ -48,51 +44,31 @@ def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   require(hf, a, "qkv_bias", (True,))
   image, patch = _side(hf, "image_size"), _side(hf, "patch_size")
   return {
+    **encoder_from_hf(hf, a, dropout=0.0),
     "family": "vit",
-    "d_model": hf["hidden_size"],
-    "num_heads": hf["num_attention_heads"],
-    "num_kv_heads": None,
-    "num_layers": hf["num_hidden_layers"],
-    "d_ff": hf["intermediate_size"],
     "max_len": (image // patch) ** 2 + 1,
     "image_size": image,
     "patch_size": patch,
     "num_channels": hf.get("num_channels", 3),
     "num_classes": num_labels(hf),
     "pooling": "cls",
-    "position": "learned",
-    "norm": "layernorm",
     "norm_position": "pre",
-    "norm_eps": hf.get("layer_norm_eps", 1e-12),
-    "activation": activation(hf, a, "hidden_act"),
-    "use_bias": True,
-    "dropout_rate": hf.get("hidden_dropout_prob", 0.0),
-    "attention_dropout_rate": hf.get("attention_probs_dropout_prob", 0.0),
-    **PLAIN,
   }
 
 
 def config_to_hf(c: ModelConfig) -> dict[str, Any]:
   return {
     "model_type": "vit",
-    "hidden_size": c.d_model,
-    "num_attention_heads": c.num_heads,
-    "num_hidden_layers": c.num_layers,
-    "intermediate_size": c.d_ff,
+    **encoder_to_hf(c, ARCHITECTURE),
     "image_size": c.image_size,
     "patch_size": c.patch_size,
     "num_channels": c.num_channels,
-    "layer_norm_eps": c.norm_eps,
-    "hidden_act": hf_activation(c, ARCHITECTURE),
     "qkv_bias": True,
-    "hidden_dropout_prob": c.dropout_rate,
-    "attention_probs_dropout_prob": c.attention_dropout_rate,
     **labels(c.num_classes),
   }
 
 
 def rules(c: ModelConfig) -> list[Rule]:
-  n, h = c.num_heads, c.head_dim
   e = f"{PREFIX}embeddings"
   out = [
     same("cls", f"{e}.cls_token"),
@@ -107,9 +83,7 @@ def rules(c: ModelConfig) -> list[Rule]:
   ]
   for i in range(c.num_layers):
     ours, hf = f"encoder/layer_{i}", f"{PREFIX}encoder.layer.{i}"
-    for name in ("query", "key", "value"):
-      out += heads_in(f"{ours}/self_attention/{name}", f"{hf}.attention.attention.{name}", n, h)
-    out += heads_out(f"{ours}/self_attention/out", f"{hf}.attention.output.dense", n, h)
+    out += attention_rules(ours, hf, "attention", c)
     out += norm(f"{ours}/self_attention_norm", f"{hf}.layernorm_before")
     out += norm(f"{ours}/ffn_norm", f"{hf}.layernorm_after")
     out += linear(f"{ours}/ffn/wi", f"{hf}.intermediate.dense")

@@ -171,49 +171,29 @@ class DataConfig:
 
 
 _BIBLE = "data/bible_kjv_rv1909_en_es.tsv.gz"
+# The verses as a labelled table: the English text and its testament (OT / NT).
+_TESTAMENTS = {
+  "source": "labelled",
+  "text_column": "en",
+  "label_column": "testament",
+  "label_names": ("OT", "NT"),
+}
+
+
+def _bible(**fields: Any) -> DataConfig:
+  """A preset on the English-Spanish Bible, with an 8000-piece sentencepiece vocabulary."""
+  return DataConfig(path=_BIBLE, tokenizer="sentencepiece", vocab_size=8000, **fields)
+
+
 PRESETS: dict[str, DataConfig] = {
   # nanoGPT's character-level shakespeare: the last 10% of the characters for validation.
   "shakespeare_char": DataConfig(validation_fraction=0.1, test_fraction=0.0),
   "shakespeare_spm": DataConfig(tokenizer="sentencepiece", vocab_size=2048),
   "shakespeare_mlm": DataConfig(kind="mlm", tokenizer="sentencepiece", vocab_size=2048),
-  "bible_en_es": DataConfig(
-    kind="seq2seq",
-    source="pairs",
-    path=_BIBLE,
-    tokenizer="sentencepiece",
-    vocab_size=8000,
-    source_column="en",
-    target_column="es",
-  ),
-  "bible_es_en": DataConfig(
-    kind="seq2seq",
-    source="pairs",
-    path=_BIBLE,
-    tokenizer="sentencepiece",
-    vocab_size=8000,
-    source_column="es",
-    target_column="en",
-  ),
-  "bible_testament": DataConfig(
-    kind="classification",
-    source="labelled",
-    path=_BIBLE,
-    tokenizer="sentencepiece",
-    vocab_size=8000,
-    text_column="en",
-    label_column="testament",
-    label_names=("OT", "NT"),
-  ),
-  "bible_mlm": DataConfig(
-    kind="mlm",
-    source="labelled",
-    path=_BIBLE,
-    tokenizer="sentencepiece",
-    vocab_size=8000,
-    text_column="en",
-    label_column="testament",
-    label_names=("OT", "NT"),
-  ),
+  "bible_en_es": _bible(kind="seq2seq", source="pairs", source_column="en", target_column="es"),
+  "bible_es_en": _bible(kind="seq2seq", source="pairs", source_column="es", target_column="en"),
+  "bible_testament": _bible(kind="classification", **_TESTAMENTS),
+  "bible_mlm": _bible(kind="mlm", **_TESTAMENTS),
   "fashion_mnist": DataConfig(
     kind="image",
     source="idx",

@@ -77,8 +77,8 @@ def lm_batch_features(ex: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 @dataclasses.dataclass(frozen=True)
-class LMExample:
-  """A record -> `inputs` = [BOS] + text, `targets` = text + [EOS] (unpadded, <= T each)."""
+class TextExample:
+  """The text of a record as token ids within a row of T (`LMExample`, `MLMExample`)."""
 
   tokenizer: Tokenizer
   seq_len: int
@@ -86,18 +86,22 @@ class LMExample:
   overlong: str = "truncate"
   source_name: str = ""
 
+  def text_ids(self, record: Record) -> np.ndarray:
+    return self.tokenizer.encode_array(text_of(record, self.text_key))
+
+  def fit(self, ids: np.ndarray, length: int, item: tuple[int, Record]) -> np.ndarray | None:
+    """`ids` cut to `length` under the overlong policy (None: skipped)."""
+    return packing.fit_length(ids, length, self.overlong, where(self.source_name, *item))
+
+
+@dataclasses.dataclass(frozen=True)
+class LMExample(TextExample):
+  """A record -> `inputs` = [BOS] + text, `targets` = text + [EOS] (unpadded, <= T each)."""
+
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
-    index, record = item
-    ids = np.concatenate(
-      [
-        [self.tokenizer.bos_id],
-        self.tokenizer.encode_array(text_of(record, self.text_key)),
-        [self.tokenizer.eos_id],
-      ]
-    )
-    ids = packing.fit_length(
-      ids, self.seq_len + 1, self.overlong, where(self.source_name, index, record)
-    )
+    tok = self.tokenizer
+    ids = np.concatenate([[tok.bos_id], self.text_ids(item[1]), [tok.eos_id]])
+    ids = self.fit(ids, self.seq_len + 1, item)
     if ids is None:
       return None
     ids = ids.astype(np.int32)
@@ -105,21 +109,11 @@ class LMExample:
 
 
 @dataclasses.dataclass(frozen=True)
-class MLMExample:
+class MLMExample(TextExample):
   """A record -> `inputs` = [CLS] + text + [SEP] (unpadded, <= T)."""
 
-  tokenizer: Tokenizer
-  seq_len: int
-  text_key: str = "text"
-  overlong: str = "truncate"
-  source_name: str = ""
-
   def __call__(self, item: tuple[int, Record]) -> dict[str, np.ndarray] | None:
-    index, record = item
-    ids = self.tokenizer.encode_array(text_of(record, self.text_key))
-    ids = packing.fit_length(
-      ids, self.seq_len - 2, self.overlong, where(self.source_name, index, record)
-    )
+    ids = self.fit(self.text_ids(item[1]), self.seq_len - 2, item)
     if ids is None:
       return None
     tok = self.tokenizer

@@ -171,6 +171,22 @@ def window_starts(tokens: np.ndarray, span: int, train: bool, name: str) -> grai
   return grain.MapDataset.range(0, len(tokens) - 1, span)
 
 
+def _packed_or_padded(
+  ds: grain.MapDataset,
+  lengths: dict[str, int],
+  batch_size: int,
+  packed: bool,
+  seed: int,
+  loader: Loader,
+) -> grain.IterDataset:
+  """Training rows of variable-length examples: skip Nones, then pack or pad to `lengths`."""
+  it = to_iter(ds, loader)  # Drops the None of skipped examples.
+  if packed:
+    bins = loader.packing_bins or batch_size
+    return packing.pack(it, lengths, bins, seed=derive_seed(seed, "pack"))
+  return it.map(_Pad(lengths))
+
+
 def _finish_examples(
   ds: grain.MapDataset,
   lengths: dict[str, int],
@@ -181,12 +197,7 @@ def _finish_examples(
   loader: Loader,
 ) -> grain.IterDataset:
   """Training tail for variable-length examples: skip Nones, pack or pad, finalize, batch."""
-  it = to_iter(ds, loader)  # Drops the None of skipped examples.
-  if packed:
-    bins = loader.packing_bins or batch_size
-    it = packing.pack(it, lengths, bins, seed=derive_seed(seed, "pack")).map(finalize)
-  else:
-    it = it.map(_Pad(lengths)).map(finalize)
+  it = _packed_or_padded(ds, lengths, batch_size, packed, seed, loader).map(finalize)
   return train_batches(it, batch_size, loader)
 
 
@@ -291,13 +302,8 @@ def mlm_dataset(
     rows = records(source, loader).map(example).map(_Pad(lengths)).random_map(mask, seed=mask_seed)
     return eval_batches(rows, len(source), batch_size, loader)
   example = features.MLMExample(tokenizer, seq_len, text_key, loader.overlong, source_name)
-  it = to_iter(shuffled(records(source, loader), seed, loader).map(example), loader)
-  if packed:
-    it = packing.pack(
-      it, lengths, loader.packing_bins or batch_size, seed=derive_seed(seed, "pack")
-    )
-  else:
-    it = it.map(_Pad(lengths))
+  ds = shuffled(records(source, loader), seed, loader).map(example)
+  it = _packed_or_padded(ds, lengths, batch_size, packed, seed, loader)
   return train_batches(it.random_map(mask, seed=mask_seed), batch_size, loader)
 
 

@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import gzip
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +43,16 @@ class Corpus:
   def validation_head(self, chars: int = 0) -> np.ndarray:
     """The first `chars` validation characters (0: all of them)."""
     return self.validation[:chars] if chars else self.validation
+
+
+def gpt_config(vocab_size: int, d_model: int = 128, **changes: Any) -> ModelConfig:
+  """The default run's character GPT (`configs/lm_shakespeare.py`: 4 layers, 4 heads,
+  d_ff 4 * d_model, context 64, learned positions) without dropout; `changes` override."""
+  fields = dict(
+    family="decoder", vocab_size=vocab_size, d_model=d_model, num_heads=4, num_layers=4,
+    d_ff=4 * d_model, max_len=64, position="learned", dropout_rate=0.0, scan_layers=True,
+  )  # fmt: skip
+  return ModelConfig(**(fields | changes))
 
 
 @functools.lru_cache(maxsize=2)

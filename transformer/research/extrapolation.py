@@ -41,10 +41,7 @@ class Result:
 
 def model_config(position: str, vocab_size: int, context: int) -> ModelConfig:
   """The default run's GPT with `position`; max_len twice the training context."""
-  return ModelConfig(
-    family="decoder", vocab_size=vocab_size, d_model=128, num_heads=4, num_layers=4,
-    d_ff=512, max_len=2 * context, position=position, dropout_rate=0.0, scan_layers=True,
-  )  # fmt: skip
+  return char_lm.gpt_config(vocab_size, max_len=2 * context, position=position)
 
 
 def run(

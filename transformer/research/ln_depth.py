@@ -44,11 +44,7 @@ class Result:
 
 def model_config(norm_position: str, depth: int, d_model: int, vocab_size: int) -> ModelConfig:
   """The default run's GPT (`configs/lm_shakespeare.py`) at `depth` and `d_model`."""
-  return ModelConfig(
-    family="decoder", vocab_size=vocab_size, d_model=d_model, num_heads=4, num_layers=depth,
-    d_ff=4 * d_model, max_len=64, position="learned", norm_position=norm_position,
-    dropout_rate=0.0, scan_layers=True,
-  )  # fmt: skip
+  return char_lm.gpt_config(vocab_size, d_model, num_layers=depth, norm_position=norm_position)
 
 
 def unigram_loss(corpus: char_lm.Corpus, ids: np.ndarray) -> float:

@@ -60,20 +60,21 @@ import time
 from pathlib import Path
 from typing import ClassVar
 
-import numpy as np
-
-from transformer.research.runs import (
-  machine,
-  mean_std,
-  pretrain,
-  read_evaluations,
-  train_process,
+from transformer.research.arms import (
+  ARMS,
+  arm_overrides,
+  extended,  # noqa: F401  (low_label.extended: the grid rule of `search`)
+  final_evaluations,
+  finished,
+  grid_search,
+  paired_gaps,
+  record,
 )
+from transformer.research.runs import machine, mean_std, pretrain, train_process
 
 CLASSIFIER = "configs/classify_testament.py"
 PRETRAINING = "configs/mlm_bible.py"
 BATCH_SIZE = 32  # the classify_testament recipe's
-ARMS = ("fine-tuned", "scratch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,6 +101,11 @@ class Settings:
   def name(self) -> str:
     return f"lr{self.learning_rate:g}_steps{self.steps}"
 
+  @classmethod
+  def search_point(cls, steps: int, learning_rate: float) -> Settings:
+    """A point of the search grid: evaluated on the validation split, once, at the end."""
+    return cls(steps, learning_rate, eval_every=steps, eval_split="validation")
+
 
 @dataclasses.dataclass(frozen=True)
 class Result:
@@ -125,24 +131,7 @@ def run_overrides(
   arm: str, examples: int, seed: int, pretrained: str, settings: Settings = Settings()
 ) -> list[str]:
   """The `--config.*` flags of one classify_testament run (everything else: the recipe)."""
-  if arm not in ARMS:
-    raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
-  flags = {
-    "data.train_examples": examples,
-    "data.tokenizer_from": pretrained,
-    "seed": seed,
-    "num_train_steps": settings.steps,
-    "schedule.warmup_steps": max(1, settings.steps // 10),
-    "schedule.learning_rate": settings.learning_rate,
-    "eval_every": settings.eval_every,
-    "checkpoint_every": settings.steps,
-    "keep_checkpoints": 1,
-  }
-  if settings.eval_split != "test":  # the recipe's split is left unnamed
-    flags["data.eval_split"] = settings.eval_split
-  if arm == "fine-tuned":
-    flags["init_from"] = pretrained
-  return [f"--config.{k}={v}" for k, v in flags.items()]
+  return arm_overrides(arm, examples, seed, pretrained, settings)
 
 
 def classify(
@@ -155,28 +144,19 @@ def classify(
 ) -> Result:
   """One run in `run_dir`, or the `result.json` it left when it finished before with
   these settings."""
-  done = run_dir / "result.json"
   overrides = run_overrides(arm, examples, seed, str(pretrained), settings)
   measured = dict(steps=settings.steps, learning_rate=settings.learning_rate)
   measured["split"] = settings.eval_split
-  if done.exists():
-    fields = json.loads(done.read_text(encoding="utf-8"))
-    if fields.pop("overrides", None) != overrides:
-      raise ValueError(
-        f"{run_dir} holds a run with other settings than {overrides}; use another --workdir"
-      )
-    fields["curve"] = tuple(tuple(p) for p in fields["curve"])
+  fields = finished(run_dir, overrides)
+  if fields is not None:
     return Result(**(fields | measured))
   wall, cpu = train_process(CLASSIFIER, run_dir, overrides)
-  evals = read_evaluations(run_dir)
-  if not evals or evals[-1]["step"] != settings.steps:
-    raise RuntimeError(f"{run_dir}: no evaluation at the final step {settings.steps}")
+  evals = final_evaluations(run_dir, settings.steps)
   curve = tuple((int(e["step"]), float(e["accuracy"])) for e in evals)
   accuracy, loss = float(evals[-1]["accuracy"]), float(evals[-1]["loss"])
   result = Result(examples, arm, seed, **measured, accuracy=accuracy, loss=loss, curve=curve,
                   seconds=wall, cpu_seconds=cpu)  # fmt: skip
-  record = dataclasses.asdict(result) | {"overrides": overrides}
-  done.write_text(json.dumps(record) + "\n", encoding="utf-8")
+  record(run_dir, result, overrides)
   return result
 
 
@@ -200,9 +180,7 @@ def summarize(results: list[Result]) -> list[dict]:
           "std": std,
         }
     if len(entry["arms"]) == len(ARMS):
-      fine, scratch = (entry["arms"][a]["per_seed"] for a in ARMS)
-      paired = [fine[seed] - scratch[seed] for seed in fine if seed in scratch]
-      entry["gap"] = entry["arms"]["fine-tuned"]["mean"] - entry["arms"]["scratch"]["mean"]
+      entry["gap"], paired = paired_gaps(entry["arms"])
       entry["paired_gaps"] = paired
       entry["paired_gap_mean"], entry["paired_gap_std"] = (
         mean_std(paired) if paired else (math.nan, math.nan)
@@ -262,28 +240,6 @@ def _report(r: Result) -> None:
   )
 
 
-def extended(values: list, chosen, integer: bool = False) -> list | None:
-  """`values` (sorted) with one more value past the end that `chosen` sits at, at the ratio
-  of the two values there: a step count rounded (600, 1200 -> 2400), a learning rate
-  snapped to the 1-3-10 series (3e-4, 1e-3 -> 3e-3 -> 1e-2). None when `chosen` is
-  interior, there is a single value, or the new value is not new (or, for step counts,
-  below 1)."""
-  values = sorted(values)
-  if len(values) < 2 or chosen not in (values[0], values[-1]):
-    return None
-  a, b = (values[-2], values[-1]) if chosen == values[-1] else (values[1], values[0])
-  new = b * b / a
-  if integer:
-    new = int(round(new))
-  else:
-    decade = math.floor(math.log10(new))
-    series = [m * 10.0**e for e in (decade, decade + 1) for m in (1, 3)]
-    new = float(f"{min(series, key=lambda v: abs(math.log(v / new))):.1g}")
-  if new in values or new < (1 if integer else 0):
-    return None
-  return sorted({*values, new})
-
-
 def search(
   examples: int,
   arm: str,
@@ -302,34 +258,19 @@ def search(
   rule for both arms, so neither is held to a range that suits the other.
 
   Returns the pick, every point with its mean validation accuracy, and the runs."""
-  learning_rates, steps = sorted(learning_rates), sorted(steps)
-  trained: dict[Settings, float] = {}
   runs = []
-  for round_ in range(extend + 1):
-    for lr in learning_rates:
-      for budget in steps:
-        point = Settings(budget, lr, eval_every=budget, eval_split="validation")
-        if point in trained:
-          continue
-        accuracies = []
-        for seed in seeds:
-          run_dir = workdir / "search" / f"n{examples}" / arm / point.name / f"seed{seed}"
-          r = classify(arm, examples, seed, encoder, run_dir, point)
-          _report(r)
-          accuracies.append(r.accuracy)
-          runs.append(r)
-        trained[point] = float(np.mean(accuracies))
-    order = sorted(trained, key=lambda p: (p.learning_rate, p.steps))
-    best = max(order, key=lambda p: (trained[p], -order.index(p)))
-    if round_ == extend:
-      break
-    more_lr = extended(learning_rates, best.learning_rate)
-    more_steps = extended(steps, best.steps, integer=True)
-    if more_lr is None and more_steps is None:
-      break
-    learning_rates, steps = more_lr or learning_rates, more_steps or steps
-    print(f"  N={examples} {arm}: best on an edge; grid now lr {learning_rates}, steps {steps}")
-  return best, [(p, trained[p]) for p in order], runs
+
+  def train(point: Settings, seed: int) -> float:
+    run_dir = workdir / "search" / f"n{examples}" / arm / point.name / f"seed{seed}"
+    r = classify(arm, examples, seed, encoder, run_dir, point)
+    _report(r)
+    runs.append(r)
+    return r.accuracy
+
+  best, points = grid_search(
+    train, Settings.search_point, learning_rates, steps, seeds, extend, f"N={examples} {arm}"
+  )
+  return best, points, runs
 
 
 def run(

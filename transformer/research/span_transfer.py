@@ -41,17 +41,19 @@ from typing import ClassVar
 import numpy as np
 
 from transformer.research import low_label
-from transformer.research.runs import (
-  machine,
-  mean_std,
-  pretrain,
-  read_evaluations,
-  train_process,
+from transformer.research.arms import (
+  ARMS,
+  arm_overrides,
+  final_evaluations,
+  finished,
+  grid_search,
+  paired_gaps,
+  record,
 )
+from transformer.research.runs import machine, mean_std, pretrain, train_process
 
 TRANSLATION = "configs/translate_en_es.py"
 PRETRAINING = "configs/span_bible.py"
-ARMS = ("fine-tuned", "scratch")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,26 +87,8 @@ def run_overrides(
   arm: str, examples: int, seed: int, pretrained: str, settings: Settings = Settings()
 ) -> list[str]:
   """The `--config.*` flags of one translate_en_es run (everything else: the recipe)."""
-  if arm not in ARMS:
-    raise ValueError(f"arm must be one of {ARMS}, got {arm!r}")
-  test = settings.eval_split == "test"
-  flags = {
-    "data.train_examples": examples,
-    "data.tokenizer_from": pretrained,
-    "seed": seed,
-    "num_train_steps": settings.steps,
-    "schedule.warmup_steps": max(1, settings.steps // 10),
-    "schedule.learning_rate": settings.learning_rate,
-    "eval_every": settings.eval_every,
-    "bleu_every": settings.steps if test else 0,  # BLEU of the final weights on test only
-    "checkpoint_every": settings.steps,
-    "keep_checkpoints": 1,
-  }
-  if not test:
-    flags["data.eval_split"] = settings.eval_split
-  if arm == "fine-tuned":
-    flags["init_from"] = pretrained
-  return [f"--config.{k}={v}" for k, v in flags.items()]
+  bleu_every = settings.steps if settings.eval_split == "test" else 0  # final weights, test
+  return arm_overrides(arm, examples, seed, pretrained, settings, bleu_every=bleu_every)
 
 
 def translate(
@@ -112,20 +96,12 @@ def translate(
 ) -> Result:
   """One run in `run_dir`, or the `result.json` it left when it finished with these
   settings."""
-  done = run_dir / "result.json"
   overrides = run_overrides(arm, examples, seed, str(pretrained), settings)
-  if done.exists():
-    fields = json.loads(done.read_text(encoding="utf-8"))
-    if fields.pop("overrides", None) != overrides:
-      raise ValueError(
-        f"{run_dir} holds a run with other settings than {overrides}; use another --workdir"
-      )
-    fields["curve"] = tuple(tuple(p) for p in fields["curve"])
+  fields = finished(run_dir, overrides)
+  if fields is not None:
     return Result(**fields)
   wall, cpu = train_process(TRANSLATION, run_dir, overrides)
-  evals = read_evaluations(run_dir)
-  if not evals or evals[-1]["step"] != settings.steps:
-    raise RuntimeError(f"{run_dir}: no evaluation at the final step {settings.steps}")
+  evals = final_evaluations(run_dir, settings.steps)
   last = evals[-1]
   bleu = float(last["bleu"]) if settings.eval_split == "test" else None
   if settings.eval_split == "test" and "bleu" not in last:
@@ -135,7 +111,7 @@ def translate(
     float(last["accuracy"]), float(last["nll"]),
     tuple((int(e["step"]), float(e["accuracy"])) for e in evals), wall, cpu,
   )  # fmt: skip
-  done.write_text(json.dumps(dataclasses.asdict(result) | {"overrides": overrides}) + "\n")
+  record(run_dir, result, overrides)
   return result
 
 
@@ -150,19 +126,14 @@ def search(
 ) -> tuple[Settings, list[tuple[Settings, float]]]:
   """Trains `arm` at every grid point on `seed`, evaluated on the validation split; the
   best final token accuracy wins (the smaller learning rate and budget on a tie)."""
-  points = [
-    Settings(n, lr, eval_every=n, eval_split="validation")
-    for lr in sorted(learning_rates)
-    for n in sorted(steps)
-  ]
-  scored = []
-  for point in points:
+
+  def train(point: Settings, seed: int) -> float:
     run_dir = workdir / "search" / f"n{examples}" / arm / point.name / f"seed{seed}"
     r = translate(arm, examples, seed, pretrained, run_dir, point)
     _report(r)
-    scored.append((point, r.accuracy))
-  best = max(range(len(scored)), key=lambda i: (scored[i][1], -i))
-  return scored[best][0], scored
+    return r.accuracy
+
+  return grid_search(train, Settings.search_point, learning_rates, steps, [seed])
 
 
 def summarize(results: list[Result]) -> dict:
@@ -182,10 +153,7 @@ def summarize(results: list[Result]) -> dict:
         "std": std,
       }
   if len(out["arms"]) == len(ARMS):
-    fine, scratch = (out["arms"][a]["per_seed"] for a in ARMS)
-    paired = [fine[s] - scratch[s] for s in fine if s in scratch]
-    out["gap"] = out["arms"]["fine-tuned"]["mean"] - out["arms"]["scratch"]["mean"]
-    out["paired_gaps"] = paired
+    out["gap"], out["paired_gaps"] = paired_gaps(out["arms"])
   return out
 
 
