@@ -96,16 +96,22 @@ class Group:
   def _exit_with(
     self, line: str, status: int, announce: str | None = None, linger: float = 0.0
   ) -> None:
-    """Writes `line` and exits with `status`, `linger` seconds later (still alive, so that
-    the others report what this process saw rather than its loss)."""
+    """Writes `line` and exits with `status`; with `linger`, that many seconds later, the
+    watch still answering the others' rendezvous meanwhile (`get_live_nodes` waits for
+    every live process), so that they report what this process saw rather than its loss."""
     if not self._reporting.acquire(blocking=False):
+      if threading.current_thread() is self._watch:
+        return  # the exit is on its way: keep answering the rendezvous until then
       while True:  # another thread is reporting and exiting
         time.sleep(1.0)
     if announce is not None:
       self._announce(announce, quiet=True)
     sys.stdout.flush()
     os.write(2, (line + "\n").encode())
-    time.sleep(linger)
+    if linger:
+      exit_later = lambda: (time.sleep(linger), os._exit(status))  # noqa: E731
+      threading.Thread(target=exit_later, name="exit", daemon=True).start()
+      return
     os._exit(status)
 
   def _last_good(self) -> str:
@@ -141,7 +147,7 @@ class Group:
       f"{stops}. {self._last_good()}; start all {self.count} processes again with the same "
       "command to resume from it",
       LOST_PEER_STATUS,
-      linger=3 * POLL_S if self.me in stuck else 0.0,  # the others see the stall first
+      linger=10 * POLL_S if self.me in stuck else 0.0,  # the others see the stall first
     )
 
   def report_stopped(self, stopped: dict[int, str]) -> None:
@@ -195,6 +201,9 @@ class Group:
         return  # process 0 cannot lose its own service
       if self._stop.is_set():
         return
+      if self._reporting.locked():  # reported; exiting soon (`_exit_with`'s linger)
+        self._stop.wait(POLL_S)
+        continue
       lost = [i for i in everyone if i not in live and i not in said]
       if lost:
         self.report_lost(lost)
