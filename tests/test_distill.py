@@ -62,9 +62,9 @@ def test_the_loss_is_the_mixed_soft_kl_and_cross_entropy_of_a_numpy_reference(
   batch = next(s.train_iter)
   params, frozen = jax.device_get((s.state.params, s.state.frozen))  # the step donates them
   _, metrics = s.runner.train(s.runner.place_state(s.state), batch)
-  student, targets, weights = task.forward(s.model, {"params": params}, batch, True, {})
+  student, targets, weights = task.apply(s.model, {"params": params}, batch)
   teacher = {"params": frozen["teacher"]}
-  teacher_logits, _, _ = task.forward(task.teacher_model, teacher, batch, True, {})
+  teacher_logits, _, _ = task.apply(task.teacher_model, teacher, batch)
   expected = reference_loss(teacher_logits, student, targets, weights, TAU, ALPHA)
   assert float(metrics["loss"]) == pytest.approx(expected, rel=2e-5)
   # the logged soft term is the KL alone; the evaluation scores the labels' cross-entropy

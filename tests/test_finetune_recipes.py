@@ -109,7 +109,7 @@ def _fine_tune(family, hf_dir, tmp_path, caplog, **loop):
 
   @jax.jit
   def loss(params, batch):  # the task's forward pass and loss, apart from the train step
-    logits, targets, weights = exp.task.forward(s.model, {"params": params}, batch, True, {})
+    logits, targets, weights = exp.task.apply(s.model, {"params": params}, batch)
     loss_sum, weight_sum, _ = losses.cross_entropy_with_label_smoothing(logits, targets, weights)
     return loss_sum / weight_sum
 

@@ -66,7 +66,7 @@ def test_two_steps_start_from_the_checkpoint_and_evaluate_without_it(tmp_path, c
   exp = experiment.validate(_config(path))
   s = setup.build(exp, workdir)  # the same seed: the same first batch (and the data made)
   batch = next(iter(s.train_iter))
-  logits, targets, weights = exp.task.forward(s.model, imported, batch, True, {})
+  logits, targets, weights = exp.task.apply(s.model, imported, batch)
   loss_sum, weight_sum, _ = losses.cross_entropy_with_label_smoothing(logits, targets, weights)
   lines = [json.loads(x) for x in Path(workdir, "metrics.jsonl").read_text().splitlines()]
   first = [x for x in lines if x.get("split") == "train"][0]

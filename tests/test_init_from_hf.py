@@ -109,7 +109,7 @@ def test_two_steps_start_from_the_imported_model(gpt2_dir, trained, tmp_path):
   params = jax.tree.map(np.asarray, imported["params"])
   positions = params["embedder"]["positions"]
   positions["embedding"] = positions["embedding"][:32]  # the run's max_len
-  logits, targets, weights = exp.task.forward(s.model, {"params": params}, batch, True, {})
+  logits, targets, weights = exp.task.apply(s.model, {"params": params}, batch)
   loss_sum, weight_sum, _ = losses.cross_entropy_with_label_smoothing(
     logits, targets, weights, 0.0, 0.0
   )

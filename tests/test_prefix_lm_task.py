@@ -44,7 +44,7 @@ def test_prefix_is_bidirectional_and_suffix_causal_through_the_task(impl, random
   batch = _batch(tokens)
   args, kwargs = task.init_args(batch)
   params = random_params(model, *args, **kwargs)
-  forward = jax.jit(lambda b: task.forward(model, {"params": params}, b, True, {})[0])
+  forward = jax.jit(lambda b: task.apply(model, {"params": params}, b)[0])
   base = np.asarray(forward(batch))  # [1, T, V]
 
   def changed_positions(position: int) -> np.ndarray:

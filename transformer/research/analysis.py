@@ -125,6 +125,12 @@ def record_attention(
   variables = {k: v for k, v in variables.items() if k != "intermediates"}
   with nn.intercept_methods(_ask_for_weights):
     out, state = model.apply(variables, *args, mutable=["intermediates"], **kwargs)
+  return out, attention_maps(model, state)
+
+
+def attention_maps(model: nn.Module, state: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """The attention weights a call of `model` sowed into `state['intermediates']` (under
+  `nn.intercept_methods(_ask_for_weights)`), named and ordered as `record_attention` says."""
   flat = traverse_util.flatten_dict(jax.device_get(state.get("intermediates", {})))
   maps: dict[str, np.ndarray] = {}
   for path, value in flat.items():
@@ -142,7 +148,7 @@ def record_attention(
       maps["/".join(name)] = value[layer]
   if not maps:
     raise ValueError(f"{type(model).__name__} recorded no attention weights")
-  return out, {name: maps[name] for name in sorted(maps, key=_module_order)}
+  return {name: maps[name] for name in sorted(maps, key=_module_order)}
 
 
 def _module_order(name: str) -> tuple[int, int, int, str]:
@@ -230,18 +236,6 @@ def write_heatmaps(
 # A trained run.
 
 
-class _Recorder:
-  """Stands in for the model in `Task.forward`: `apply` also records the weights."""
-
-  def __init__(self, model: nn.Module):
-    self.model = model
-    self.maps: dict[str, np.ndarray] = {}
-
-  def apply(self, variables, *args, **kwargs):
-    out, self.maps = record_attention(self.model, variables, *args, **kwargs)
-    return out
-
-
 def analyze(
   workdir: str, step: int | None = None, text: str | None = None, examples: int = 8
 ) -> dict[str, Any]:
@@ -266,15 +260,20 @@ def analyze(
     if batch is None:
       raise ValueError("the evaluation split produced no batches")
     batch = {k: np.asarray(v)[:examples] for k, v in batch.items()}
-  recorder = _Recorder(setup.model)
-  task.forward(recorder, {"params": state.params}, batch, True, {})
+  # The task's forward pass, the model's attention weights sown into 'intermediates'.
+  run = nn.apply(
+    lambda bound, b: task.forward(bound, b, True), setup.model, mutable=["intermediates"]
+  )
+  with nn.intercept_methods(_ask_for_weights):
+    _, sown = run({"params": state.params}, batch)
+  maps = attention_maps(setup.model, sown)
   masks = task.attention_masks(batch)
-  rows = statistics_table(recorder.maps, masks)
+  rows = statistics_table(maps, masks)
   markdown = to_markdown(rows)
 
   labels = task.attention_labels(batch, tokenizer) if tokenizer is not None else None
   stem = os.path.join(workdir, f"attention_step_{step}")
-  heatmaps = write_heatmaps(recorder.maps, stem, masks, labels=labels)
+  heatmaps = write_heatmaps(maps, stem, masks, labels=labels)
   source = "text" if text is not None else f"eval batch ({len(batch[next(iter(batch))])} rows)"
   write_atomic(stem + ".json", json.dumps({"step": step, "input": source, "rows": rows}, indent=2))
   write_atomic(stem + ".md", f"# Attention at step {step} ({source})\n\n{markdown}\n")

@@ -91,23 +91,6 @@ class Run:
   step: int
 
 
-class _Collecting:
-  """A model whose `apply` also keeps what the model sows into `moe.AUX_COLLECTION`
-  (every call's), so `Task.forward` needs no change to return it."""
-
-  def __init__(self, model: nn.Module):
-    self.model = model
-    self.collected: list[Any] = []
-
-  def apply(self, variables: dict, *args: Any, **kwargs: Any) -> Any:
-    out, state = self.model.apply(variables, *args, mutable=[moe.AUX_COLLECTION], **kwargs)
-    self.collected.append(state.get(moe.AUX_COLLECTION, {}))
-    return out
-
-  def __getattr__(self, name: str) -> Any:
-    return getattr(self.model, name)
-
-
 @dataclasses.dataclass(frozen=True)
 class Task(abc.ABC):
   """A training objective. Subclasses are frozen dataclasses (hashable: the step is
@@ -148,21 +131,33 @@ class Task(abc.ABC):
 
   @abc.abstractmethod
   def forward(
-    self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict
+    self, model: nn.Module, batch: Batch, deterministic: bool
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """(logits [B, T, V] or [B, C], targets [B, T] or [B], weights of the same shape)."""
+    """(logits [B, T, V] or [B, C], targets [B, T] or [B], weights of the same shape), from
+    `model` bound to its variables (called inside `apply` / `forward_with_aux`)."""
+
+  def apply(
+    self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool = True,
+    rngs: dict | None = None,
+  ) -> tuple[jax.Array, jax.Array, jax.Array]:  # fmt: skip
+    """`forward` with `model` bound to `variables` (`flax.linen.apply`)."""
+    run = nn.apply(lambda bound, b: self.forward(bound, b, deterministic), model)
+    return run(variables, batch, rngs=rngs or {})
 
   def forward_with_aux(
     self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict
   ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]:
-    """`forward`, plus the model's auxiliary losses: the mixture-of-experts terms of
+    """`apply`, plus the model's auxiliary losses, sown into `moe.AUX_COLLECTION` and read
+    here, the one place that asks for them: the mixture-of-experts terms of
     `moe.aux_losses` ('loss', the weighted sum to add; the logged means), {} without MoE."""
     config = getattr(model, "config", None)
     if config is None or not config.moe_experts:
-      return (*self.forward(model, variables, batch, deterministic, rngs), {})
-    collecting = _Collecting(model)
-    logits, targets, weights = self.forward(collecting, variables, batch, deterministic, rngs)
-    return logits, targets, weights, moe.aux_losses(collecting.collected, config)
+      return (*self.apply(model, variables, batch, deterministic, rngs), {})
+    run = nn.apply(
+      lambda bound, b: self.forward(bound, b, deterministic), model, mutable=[moe.AUX_COLLECTION]
+    )
+    (logits, targets, weights), state = run(variables, batch, rngs=rngs)
+    return logits, targets, weights, moe.aux_losses(state.get(moe.AUX_COLLECTION, {}), config)
 
   def objective(
     self, loss_sum: jax.Array, weight_sum: jax.Array, aux: dict[str, jax.Array]

@@ -80,14 +80,12 @@ class TextClassification(Classifying):
       row_budget=lambda counts, s, t: [(counts[0] + 1 + self.pretrained, s)],
     )
 
-  def forward(self, model, variables, batch, deterministic, rngs):
-    logits = model.apply(
-      variables,
+  def forward(self, model, batch, deterministic):
+    logits = model(
       batch["inputs"],
       segment_ids=batch["segment_ids"],
       positions=batch["positions"],
       deterministic=deterministic,
-      rngs=rngs,
     )  # [B, C]
     return logits, *labels_and_weights(batch)
 

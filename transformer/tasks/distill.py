@@ -111,7 +111,7 @@ class Distillation(LanguageModeling):
     if "frozen" not in variables:  # evaluation: the student alone
       return logits, targets, weights, aux
     teacher = {"params": variables["frozen"]["teacher"]}
-    teacher_logits, _, _ = self.forward(self.teacher_model, teacher, batch, True, {})
+    teacher_logits, _, _ = self.apply(self.teacher_model, teacher, batch)
     kl = soft_kl_mean(jax.lax.stop_gradient(teacher_logits), logits, weights, self.temperature)
     return logits, targets, weights, {**aux, KL: kl}
 

@@ -204,10 +204,10 @@ def confusion_matrix(
 ) -> np.ndarray:
   """counts[true, predicted] over the evaluation batches (padded rows, label -1, excluded).
 
-  `forward(model, variables, batch, deterministic, rngs) -> (logits [B, C], ...)` is the
-  task's forward pass (`Task.forward`).
+  `forward(model, variables, batch) -> (logits [B, C], ...)` is the task's forward pass
+  (`Task.apply`).
   """
-  predict = jax.jit(lambda p, b: jnp.argmax(forward(model, {"params": p}, b, True, {})[0], axis=-1))
+  predict = jax.jit(lambda p, b: jnp.argmax(forward(model, {"params": p}, b)[0], axis=-1))
   n = model.config.num_classes
   counts = np.zeros((n, n), np.int64)
   for i, batch in enumerate(eval_iter):

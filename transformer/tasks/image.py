@@ -54,10 +54,8 @@ class ImageClassification(Classifying):
   def data_spec(self) -> DataSpec:
     return DataSpec(build=_build, shapes=_shapes, images=True, labelled=True)
 
-  def forward(self, model, variables, batch, deterministic, rngs):
-    logits = model.apply(
-      variables, batch["image"], deterministic=deterministic, rngs=rngs
-    )  # [B, C]
+  def forward(self, model, batch, deterministic):
+    logits = model(batch["image"], deterministic=deterministic)  # [B, C]
     return logits, *labels_and_weights(batch)
 
   def init_args(self, batch):

@@ -23,7 +23,7 @@ class Classifying(Task):
   def evaluate(self, run: Run, options: EvalOptions) -> dict:
     del options
     counts = evals.confusion_matrix(
-      run.model, run.params, self.forward, run.eval_factory(), run.eval_batches
+      run.model, run.params, self.apply, run.eval_factory(), run.eval_batches
     )
     names = list(run.info.label_names) or [str(i) for i in range(len(counts))]
     png = os.path.join(run.workdir, f"confusion_step_{run.step}.png")

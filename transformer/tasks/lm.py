@@ -60,14 +60,12 @@ class LanguageModeling(Task):
       row_budget=lambda counts, s, t: [(counts[0] + 2, s + 1)],  # BOS + EOS; T + 1 tokens
     )
 
-  def forward(self, model, variables, batch, deterministic, rngs):
-    logits = model.apply(
-      variables,
+  def forward(self, model, batch, deterministic):
+    logits = model(
       batch["inputs"],
       positions=batch["positions"],
       segment_ids=batch["segment_ids"],
       deterministic=deterministic,
-      rngs=rngs,
     )  # [B, T, V]
     return logits, batch["targets"], batch["weights"]
 

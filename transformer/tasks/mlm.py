@@ -67,20 +67,18 @@ class MaskedLanguageModeling(Task):
       row_budget=lambda counts, s, t: [(counts[0] + 2, s)],  # [CLS] + [SEP]
     )
 
-  def forward(self, model, variables, batch, deterministic, rngs):
+  def forward(self, model, batch, deterministic):
     targets, weights, predict = batch["targets"], batch["weights"], None
     if self.max_predictions is not None:
       scored_first = jnp.argsort(weights <= 0, axis=-1, stable=True)  # [B, T]
       predict = scored_first[:, : self.max_predictions]  # [B, P]; weight 0 where a row has fewer
       targets = jnp.take_along_axis(targets, predict, axis=-1)
       weights = jnp.take_along_axis(weights, predict, axis=-1)
-    logits = model.apply(
-      variables,
+    logits = model(
       batch["inputs"],
       segment_ids=batch["segment_ids"],
       positions=batch["positions"],
       deterministic=deterministic,
-      rngs=rngs,
       predict_positions=predict,
     )  # [B, T or P, V]
     return logits, targets, weights

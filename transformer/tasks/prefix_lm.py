@@ -82,15 +82,13 @@ class PrefixLanguageModeling(Task):
   def data_spec(self) -> DataSpec:
     return DataSpec(build=_build, shapes=token_shapes(KEYS), window=lambda s, t: s)
 
-  def forward(self, model, variables, batch, deterministic, rngs):
-    logits = model.apply(
-      variables,
+  def forward(self, model, batch, deterministic):
+    logits = model(
       batch["inputs"],
       positions=batch["positions"],
       segment_ids=batch["segment_ids"],
       prefix_mask=batch["prefix_mask"],
       deterministic=deterministic,
-      rngs=rngs,
     )  # [B, T, V]
     return logits, batch["targets"], batch["weights"]
 

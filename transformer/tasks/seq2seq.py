@@ -81,10 +81,9 @@ def seq2seq_shapes(rows: int, s: int, t: int, image_shape) -> dict:
   return shapes | {"weights": ((rows, t), F32)}
 
 
-def seq2seq_forward(model, variables, batch, deterministic, rngs):
-  """Teacher-forced logits [B, T, V] of an encoder-decoder, its targets and weights."""
-  logits = model.apply(
-    variables,
+def seq2seq_forward(model, batch, deterministic):
+  """Teacher-forced logits [B, T, V] of an encoder-decoder (bound), its targets and weights."""
+  logits = model(
     batch["inputs"],
     batch["targets"],
     inputs_segment_ids=batch["inputs_segment_ids"],
@@ -92,7 +91,6 @@ def seq2seq_forward(model, variables, batch, deterministic, rngs):
     inputs_positions=batch["inputs_positions"],
     targets_positions=batch["targets_positions"],
     deterministic=deterministic,
-    rngs=rngs,
   )  # [B, T, V]
   return logits, batch["targets"], batch["weights"]
 
@@ -150,8 +148,8 @@ class SequenceToSequence(Task):
       row_budget=lambda counts, s, t: [(counts[0] + 1, s), (counts[1] + 1, t)],  # + EOS
     )
 
-  def forward(self, model, variables, batch, deterministic, rngs):
-    return seq2seq_forward(model, variables, batch, deterministic, rngs)
+  def forward(self, model, batch, deterministic):
+    return seq2seq_forward(model, batch, deterministic)
 
   def init_args(self, batch):
     return seq2seq_init_args(batch)

@@ -173,8 +173,8 @@ class SpanCorruption(Task):
       return pipeline.eval_batches(ds, len(starts), rows, c.loader)
     return pipeline.train_batches(pipeline.to_iter(ds, c.loader), rows, c.loader)
 
-  def forward(self, model, variables, batch, deterministic, rngs):
-    return seq2seq_forward(model, variables, batch, deterministic, rngs)
+  def forward(self, model, batch, deterministic):
+    return seq2seq_forward(model, batch, deterministic)
 
   def init_args(self, batch):
     return seq2seq_init_args(batch)
