@@ -6,7 +6,7 @@
         for done in ...:
           batch = next(train_iter); guard.progress(done)
           state = train_step(state, batch)
-          if guard.should_stop(done): guard.save_within_grace(write, done); break
+          if guard.should_stop(done): guard.save_within_grace(write, done, ckpt); break
 
 The loop asks questions; the machinery lives here (docs/RELIABILITY.md):
 
