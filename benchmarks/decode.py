@@ -189,18 +189,9 @@ def reprojecting_start(model: EncoderDecoder, params, inputs: jax.Array, cache_l
   encoded = model.apply({"params": params}, inputs, segments, method="encode")  # [B, S, D]
 
   def step(state, tokens, positions):
-    logits, variables = model.apply(
-      {"params": params, "cache": state["cache"]},
-      state["encoded"],
-      state["segments"],
-      tokens[:, None],
-      None,
-      positions[:, None],
-      decode=True,
-      method="decode",
-      mutable=["cache"],
-    )  # [B, 1, V]
-    return logits[:, 0], dict(state, cache=variables["cache"])
+    reproject = decode.cache.seq2seq_step(model, params, state["segments"], state["encoded"])
+    logits, cache = reproject(state["cache"], tokens, positions)  # [B, V]
+    return logits, dict(state, cache=cache)
 
   cache = decode.init_cache(model, b, cache_length, s)
   state = {"cache": cache, "encoded": encoded, "segments": segments}

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -54,14 +55,7 @@ def _without_adapters(params):
     for k, v in jax.tree_util.tree_leaves_with_path(params)
     if tree.path_names(k)[-1] not in lora.ADAPTERS
   }
-  out: dict = {}
-  for path, value in flat.items():
-    node = out
-    *parents, leaf = path.split("/")
-    for name in parents:
-      node = node.setdefault(name, {})
-    node[leaf] = value
-  return out
+  return flax.traverse_util.unflatten_dict(flat, sep="/")
 
 
 def test_fresh_adapters_leave_outputs_unchanged():

@@ -155,6 +155,28 @@ def heads_out(ours: str, hf: str, heads: int, head_dim: int, bias: bool = True) 
   return rules + ([same(f"{ours}/bias", f"{hf}.bias")] if bias else [])
 
 
+def attention(
+  ours: str,
+  hf: tuple[str, str, str, str],
+  heads: int,
+  head_dim: int,
+  kv_heads: int | None = None,
+  *,
+  qkv_bias: bool = True,
+  out_bias: bool = True,
+) -> list[Rule]:
+  """Our attention `ours`' query, key, value and out <-> the four nn.Linear `hf` (q, k, v,
+  output); key and value have `kv_heads` heads (default `heads`)."""
+  kv = heads if kv_heads is None else kv_heads
+  q, k, v, o = hf
+  return [
+    *heads_in(f"{ours}/query", q, heads, head_dim, qkv_bias),
+    *heads_in(f"{ours}/key", k, kv, head_dim, qkv_bias),
+    *heads_in(f"{ours}/value", v, kv, head_dim, qkv_bias),
+    *heads_out(f"{ours}/out", o, heads, head_dim, out_bias),
+  ]
+
+
 # Fields every architecture here has at these values (options our ModelConfig adds).
 PLAIN = {
   "sliding_window": None,

@@ -16,8 +16,7 @@ from transformer.convert.base import (
   Converter,
   Rule,
   activation,
-  heads_in,
-  heads_out,
+  attention,
   hf_activation,
   labels,
   linear,
@@ -34,7 +33,7 @@ CLASSIFIER = "BertForSequenceClassification"
 PREFIX = "bert."
 
 # What ViT shares with BERT: the `BertConfig` fields of the encoder stack and the
-# self-attention tensors of a layer.
+# tensors of a layer.
 
 
 def encoder_from_hf(hf: Mapping[str, Any], architecture: str, dropout: float) -> dict[str, Any]:
@@ -71,14 +70,20 @@ def encoder_to_hf(c: ModelConfig, architecture: str) -> dict[str, Any]:
   }
 
 
-def attention_rules(ours: str, hf: str, qkv: str, c: ModelConfig) -> list[Rule]:
-  """Our layer `ours`' self-attention <-> HF's `{hf}.attention.{qkv}.{query,key,value}`
-  and `{hf}.attention.output.dense` (`qkv`: 'self' in BERT, 'attention' in ViT)."""
-  n, h = c.num_heads, c.head_dim
-  out = []
-  for name in ("query", "key", "value"):
-    out += heads_in(f"{ours}/self_attention/{name}", f"{hf}.attention.{qkv}.{name}", n, h)
-  return out + heads_out(f"{ours}/self_attention/out", f"{hf}.attention.output.dense", n, h)
+def layer_rules(ours: str, hf: str, c: ModelConfig, qkv: str, norms: tuple[str, str]) -> list[Rule]:
+  """Our encoder layer `ours` <-> HF's layer `hf`: self-attention
+  `attention.{qkv}.{query,key,value}` and `attention.output.dense` (`qkv`: 'self' in BERT,
+  'attention' in ViT), FFN `intermediate.dense` and `output.dense`, and the LayerNorms
+  `norms` of the attention and FFN sub-layers (BERT's after them, ViT's before)."""
+  a = f"{hf}.attention"
+  projections = (f"{a}.{qkv}.query", f"{a}.{qkv}.key", f"{a}.{qkv}.value", f"{a}.output.dense")
+  return [
+    *attention(f"{ours}/self_attention", projections, c.num_heads, c.head_dim),
+    *norm(f"{ours}/self_attention_norm", f"{hf}.{norms[0]}"),
+    *linear(f"{ours}/ffn/wi", f"{hf}.intermediate.dense"),
+    *linear(f"{ours}/ffn/wo", f"{hf}.output.dense"),
+    *norm(f"{ours}/ffn_norm", f"{hf}.{norms[1]}"),
+  ]
 
 
 def config_from_hf(architecture: str, hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,11 +133,7 @@ def backbone(c: ModelConfig) -> list[Rule]:
   ]
   for i in range(c.num_layers):
     ours, hf = f"encoder/layers/layer_{i}", f"{PREFIX}encoder.layer.{i}"
-    out += attention_rules(ours, hf, "self", c)
-    out += norm(f"{ours}/self_attention_norm", f"{hf}.attention.output.LayerNorm")
-    out += linear(f"{ours}/ffn/wi", f"{hf}.intermediate.dense")
-    out += linear(f"{ours}/ffn/wo", f"{hf}.output.dense")
-    out += norm(f"{ours}/ffn_norm", f"{hf}.output.LayerNorm")
+    out += layer_rules(ours, hf, c, "self", ("attention.output.LayerNorm", "output.LayerNorm"))
   return out
 
 

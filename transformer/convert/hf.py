@@ -16,6 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+import flax
 import jax
 import numpy as np
 from etils import epath
@@ -106,17 +107,6 @@ def _shape_error(rule: Rule, got: Mapping[str, tuple], shapes: Mapping[str, tupl
   return ValueError(f"tensors {', '.join(rule.hf)} do not fit parameter {ours}")
 
 
-def _unflatten(flat: Mapping[str, np.ndarray]) -> dict[str, Any]:
-  out: dict[str, Any] = {}
-  for path, value in flat.items():
-    *parents, leaf = path.split("/")
-    node = out
-    for name in parents:
-      node = node.setdefault(name, {})
-    node[leaf] = value
-  return out
-
-
 def _find(tensors: Mapping[str, np.ndarray], name: str, prefix: str) -> str | None:
   """The checkpoint's key for `name`, also without the backbone prefix (a bare backbone)."""
   if name in tensors:
@@ -147,7 +137,7 @@ def load(path: str | epath.PathLike, **changes: Any) -> tuple[ModelConfig, dict[
   config = ModelConfig(**{**fields, **changes})
   tensors = read_tensors(path)
   params = convert_from_hf(tensors, config, converter)
-  return config, {"params": _unflatten(params)}
+  return config, {"params": flax.traverse_util.unflatten_dict(params, sep="/")}
 
 
 def convert_from_hf(

@@ -20,8 +20,7 @@ from transformer.convert.base import (
   PLAIN,
   Converter,
   Rule,
-  heads_in,
-  heads_out,
+  attention,
   linear,
   norm,
   require,
@@ -149,11 +148,8 @@ def rules(c: ModelConfig) -> list[Rule]:
   out = [same("token_embed/embedding", f"{PREFIX}embed_tokens.weight")]
   for i in range(c.num_layers):
     ours, hf = f"decoder/layer_{i}", f"{PREFIX}layers.{i}"
-    attn, a = f"{ours}/self_attention", f"{hf}.self_attn"
-    out += heads_in(f"{attn}/query", f"{a}.q_proj", n, h, qkv)
-    out += heads_in(f"{attn}/key", f"{a}.k_proj", k, h, qkv)
-    out += heads_in(f"{attn}/value", f"{a}.v_proj", k, h, qkv)
-    out += heads_out(f"{attn}/out", f"{a}.o_proj", n, h, bias)
+    projections = tuple(f"{hf}.self_attn.{x}_proj" for x in "qkvo")
+    out += attention(f"{ours}/self_attention", projections, n, h, k, qkv_bias=qkv, out_bias=bias)
     out += norm(f"{ours}/self_attention_norm", f"{hf}.input_layernorm", bias=False)
     out += norm(f"{ours}/ffn_norm", f"{hf}.post_attention_layernorm", bias=False)
     out += linear(f"{ours}/ffn/wi_0", f"{hf}.mlp.gate_proj", bias)

@@ -27,8 +27,7 @@ from transformer.convert.base import (
   PLAIN,
   Converter,
   Rule,
-  heads_in,
-  heads_out,
+  attention,
   linear,
   norm,
   require,
@@ -145,10 +144,8 @@ def rules(c: ModelConfig) -> list[Rule]:
           for name in ffn:
             out += linear(f"{ours}/ffn/{name}", f"{hf}.DenseReluDense.{name}", bias=False)
           continue
-        attn = f"{hf}.{HF_ATTENTION[sub]}"
-        for hf_name, name in (("q", "query"), ("k", "key"), ("v", "value")):
-          out += heads_in(f"{ours}/{sub}/{name}", f"{attn}.{hf_name}", n, h, bias=False)
-        out += heads_out(f"{ours}/{sub}/out", f"{attn}.o", n, h, bias=False)
+        projections = tuple(f"{hf}.{HF_ATTENTION[sub]}.{x}" for x in "qkvo")
+        out += attention(f"{ours}/{sub}", projections, n, h, qkv_bias=False, out_bias=False)
     # The stack's relative-position table [buckets, N] lives in HF's first block.
     table = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
     out.append(same(f"{stack}/rel_embedding", table))

@@ -22,7 +22,7 @@ from transformer.convert.base import (
   same,
   unsupported,
 )
-from transformer.convert.bert import attention_rules, encoder_from_hf, encoder_to_hf
+from transformer.convert.bert import encoder_from_hf, encoder_to_hf, layer_rules
 from transformer.nn.config import ModelConfig
 
 ARCHITECTURE = "ViTForImageClassification"
@@ -83,11 +83,7 @@ def rules(c: ModelConfig) -> list[Rule]:
   ]
   for i in range(c.num_layers):
     ours, hf = f"encoder/layer_{i}", f"{PREFIX}encoder.layer.{i}"
-    out += attention_rules(ours, hf, "attention", c)
-    out += norm(f"{ours}/self_attention_norm", f"{hf}.layernorm_before")
-    out += norm(f"{ours}/ffn_norm", f"{hf}.layernorm_after")
-    out += linear(f"{ours}/ffn/wi", f"{hf}.intermediate.dense")
-    out += linear(f"{ours}/ffn/wo", f"{hf}.output.dense")
+    out += layer_rules(ours, hf, c, "attention", ("layernorm_before", "layernorm_after"))
   return out + norm("encoder/final_norm", f"{PREFIX}layernorm") + linear("head", "classifier")
 
 

@@ -21,7 +21,7 @@ from transformer.decode.loops import DecodeResult, lm_decode, seq2seq_decode
 from transformer.decode.sampling import Sampling, checked, unwrap
 from transformer.nn.models import DecoderLM, EncoderDecoder
 
-__all__ = ["generate", "left_pad", "translate"]
+__all__ = ["check_tokens", "generate", "left_pad", "translate"]
 
 METHODS = ("greedy", "sample", "beam")
 
@@ -62,7 +62,8 @@ def left_pad(
   return _pad(prompts, length, left=True, what="prompt")
 
 
-def _check_tokens(tokens: np.ndarray, vocab: int, what: str) -> None:
+def check_tokens(tokens: np.ndarray, vocab: int, what: str) -> None:
+  """Raises ValueError naming the first token id of `tokens` [B, P] outside [0, vocab)."""
   bad = (tokens < 0) | (tokens >= vocab)
   if bad.any():
     row, col = np.argwhere(bad)[0]
@@ -119,7 +120,7 @@ def generate(
   _check_options(config, method, beam_size, alpha, eos_id)
   sampling = checked(method, sampling)
   tokens, lengths = left_pad(prompts, prompt_len)  # [B, P], [B]
-  _check_tokens(tokens, config.vocab_size, "prompt")
+  check_tokens(tokens, config.vocab_size, "prompt")
   if max_new_tokens < 1 or tokens.shape[1] + max_new_tokens > config.max_len:
     raise ValueError(
       f"prompt length {tokens.shape[1]} + max_new_tokens={max_new_tokens} must be in "
@@ -160,7 +161,7 @@ def translate(
       raise ValueError(f"inputs must hold integer token ids, got dtype {tokens.dtype}")
   else:
     tokens, _ = _pad(inputs, None, left=False, what="source")  # [B, S]
-  _check_tokens(tokens, config.vocab_size, "source")
+  check_tokens(tokens, config.vocab_size, "source")
   empty = np.flatnonzero((tokens != PAD_ID).sum(-1) == 0)
   if tokens.size == 0 or empty.size:
     raise ValueError(f"no sources, or source rows {empty.tolist()} empty (only PAD)")

@@ -37,7 +37,7 @@ from transformer.nn import cache_attention
 from transformer.nn.models import DecoderLM, EncoderDecoder
 
 __all__ = ["INITIAL_CACHE_LEN", "Start", "Step", "cache_lengths", "init_cache", "lm_start"]
-__all__ += ["seq2seq_start"]
+__all__ += ["seq2seq_start", "seq2seq_step"]
 
 # The first cache length of the decoding loops (slots; doubled as the cache fills).
 INITIAL_CACHE_LEN = 128
@@ -154,33 +154,17 @@ def lm_start(
   return Start(step, variables["cache"], axes, logits[:, 0], lengths, p)
 
 
-def seq2seq_start(
-  model: EncoderDecoder, params: Any, inputs: jax.Array, cache_length: int
-) -> Start:
-  """Encodes inputs [B, S] (PAD = padding) and prefills the start token and the
-  cross-attention keys and values into a cache of `cache_length` self-attention slots."""
-  b, s = inputs.shape
-  segments = (inputs != PAD_ID).astype(jnp.int32)  # [B, S]
-  encoded = model.apply({"params": params}, inputs, segments, method="encode")  # [B, S, D]
-  start = jnp.full((b, 1), PAD_ID, jnp.int32)  # [B, 1] T5: the decoder starts from PAD
-  zeros = jnp.zeros((b, 1), jnp.int32)
-  variables = {"params": params, "cache": init_cache(model, b, cache_length, s)}
-  logits, variables = model.apply(
-    variables,
-    encoded,  # the cross-attention keys and values are projected from it into the cache
-    segments,
-    start,
-    None,
-    zeros,
-    decode=True,
-    method="decode",
-    mutable=["cache"],
-  )  # [B, 1, V]
+def seq2seq_step(
+  model: EncoderDecoder, params: Any, segments: jax.Array, encoded: jax.Array | None = None
+) -> Step:
+  """The decoder step of sources with segment ids [B, S]. encoded: the encoder output
+  [B, S, D], which the step projects into the cache's cross-attention keys and values
+  (`seq2seq_start`'s prefill); None to read them from the cache."""
 
   def step(cache, tokens, positions):
     logits, variables = model.apply(
       {"params": params, "cache": cache},
-      None,  # the cross-attention keys and values are in the cache
+      encoded,
       segments,
       tokens[:, None],
       None,
@@ -191,5 +175,21 @@ def seq2seq_start(
     )  # [B, 1, V]
     return logits[:, 0], variables["cache"]  # [B, V]
 
+  return step
+
+
+def seq2seq_start(
+  model: EncoderDecoder, params: Any, inputs: jax.Array, cache_length: int
+) -> Start:
+  """Encodes inputs [B, S] (PAD = padding) and prefills the start token and the
+  cross-attention keys and values into a cache of `cache_length` self-attention slots."""
+  b, s = inputs.shape
+  segments = (inputs != PAD_ID).astype(jnp.int32)  # [B, S]
+  encoded = model.apply({"params": params}, inputs, segments, method="encode")  # [B, S, D]
+  start = jnp.full((b,), PAD_ID, jnp.int32)  # [B] T5: the decoder starts from PAD
+  cache = init_cache(model, b, cache_length, s)
+  prefill = seq2seq_step(model, params, segments, encoded)
+  logits, cache = prefill(cache, start, jnp.zeros((b,), jnp.int32))  # [B, V]
   axes = _beam_axes(model, s)
-  return Start(step, variables["cache"], axes, logits[:, 0], jnp.ones((b,), jnp.int32), 1)
+  step = seq2seq_step(model, params, segments)
+  return Start(step, cache, axes, logits, jnp.ones((b,), jnp.int32), 1)
