@@ -1,20 +1,22 @@
 """Trains a model: `python train.py --config configs/NAME.py[:arg] --workdir DIR [--config.a.b=v]`.
 
-Rerunning the same command resumes from the latest checkpoint in DIR. The command itself is
-`transformer/train_main.py` (installed as `transformer-train`).
+Rerunning the same command resumes from the latest checkpoint in DIR. The command is
+`main` at the end of `transformer/train/loop.py`, the file to read (and to copy to fork
+the loop); `transformer-train` is the same command installed.
 """
 
 from absl import app
 
-from transformer import train_main
-from transformer.train.loop import Hooks
+from transformer import cli
+from transformer.train import loop
 
-HOOKS = Hooks()  # the loop's hooks: none (the fault-injection tests run train.py with theirs)
+loop.define_flags()
+HOOKS = loop.Hooks()  # the loop's hooks: none (the fault-injection tests run train.py with theirs)
 
 
 def main(argv):
-  train_main.main(argv, HOOKS)
+  loop.main(argv, HOOKS)
 
 
 if __name__ == "__main__":
-  app.run(main, flags_parser=train_main.parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)

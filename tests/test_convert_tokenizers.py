@@ -24,8 +24,8 @@ from transformer.convert import tokenizers as pretrained
 from transformer.data import features, sources
 from transformer.data.config import DataConfig
 from transformer.data.tokenizers import NUM_SPECIAL, load_tokenizer
+from transformer.evaluators.base import strip_ids
 from transformer.nn.config import ModelConfig
-from transformer.tasks import evals
 from transformer.train import finetune
 
 CORPUS = [
@@ -211,8 +211,8 @@ def test_pipelines_use_the_pretrained_ids(gpt2_dir, bert_dir, t5_dirs):
   with pytest.raises(ValueError, match="has no BOS token"):
     features.LMExample(bert, seq_len=16)((0, record))
   # Decoding stops at the tokenizer's EOS and keeps ids the project's PAD would drop.
-  assert evals._strip(np.array([5, 0, 7, gpt2.eos_id, 0, 0]), gpt2.eos_id, pad_id=None) == [5, 0, 7]
-  assert evals._strip(np.array([5, 7, 1, 0, 0]), t5.eos_id) == [5, 7]
+  assert strip_ids(np.array([5, 0, 7, gpt2.eos_id, 0, 0]), gpt2.eos_id, pad_id=None) == [5, 0, 7]
+  assert strip_ids(np.array([5, 7, 1, 0, 0]), t5.eos_id) == [5, 7]
 
 
 def test_config_refuses_what_is_not_supported(tmp_path):

@@ -15,7 +15,8 @@ from transformer import decode as decoding
 from transformer import tasks
 from transformer.data import DataConfig, features, make_datasets, sources
 from transformer.data.tokenizers import CharTokenizer
-from transformer.tasks import evals as evaluation
+from transformer.evaluators import bleu, confusion, sample
+from transformer.evaluators.base import strip_ids
 from transformer.tasks import seq2seq
 from transformer.train import loop as train_lib
 
@@ -46,7 +47,7 @@ def test_bleu_through_the_project_equals_sacrebleu_on_the_same_strings(monkeypat
     tokens = np.array([row(h) for h in hyps], np.int32)
 
   monkeypatch.setattr(decoding, "translate", lambda *a, **k: Fake)
-  result = evaluation.bleu(None, None, tok, [batch], method="greedy", references=refs)
+  result = bleu.corpus_bleu(None, None, tok, [batch], method="greedy", references=refs)
   expected = sacrebleu.corpus_bleu(hyps, [refs])
   assert result["bleu"] == pytest.approx(expected.score, abs=1e-9)
   assert result["bleu_signature"].startswith("nrefs:1")
@@ -83,30 +84,30 @@ def test_bleu_scores_against_the_raw_reference_text_of_the_split(monkeypatch, tm
 
   monkeypatch.setattr(decoding, "translate", lambda model, params, inputs, **k: Copy(inputs))
   tok = info.tokenizer
-  result = evaluation.bleu(
+  result = bleu.corpus_bleu(
     None, None, tok, eval_factory(), method="greedy",
     references=seq2seq.eval_references(cfg, str(tmp_path / "run")),
   )  # fmt: skip
-  hyps = [tok.decode(evaluation._strip(b)) for batch in eval_factory() for b in batch["inputs"]]
+  hyps = [tok.decode(strip_ids(b)) for batch in eval_factory() for b in batch["inputs"]]
   hyps = hyps[: len(raw)]  # the rest are padding rows
   assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [raw]).score, abs=1e-9)
-  detok = [tok.decode(evaluation._strip(t)) for b in eval_factory() for t in b["targets"]]
+  detok = [tok.decode(strip_ids(t)) for b in eval_factory() for t in b["targets"]]
   assert sacrebleu.corpus_bleu(hyps, [detok[: len(raw)]]).score == pytest.approx(100.0)
   assert result["bleu"] < 100.0  # against the detokenized targets the copy would be perfect
   assert [e["reference"] for e in result["examples"]] == raw[:5]
   assert result["bleu_signature"].startswith("nrefs:1|case:mixed")
   with pytest.raises(ValueError, match="out of step"):
-    evaluation.bleu(
+    bleu.corpus_bleu(
       None, None, tok, eval_factory(), method="greedy", references=list(reversed(raw))
     )
   with pytest.raises(ValueError, match="too few references"):
-    evaluation.bleu(None, None, tok, eval_factory(), method="greedy", references=raw[:-1])
+    bleu.corpus_bleu(None, None, tok, eval_factory(), method="greedy", references=raw[:-1])
 
 
 def test_confusion_table_and_png(tmp_path):
   counts = np.array([[5, 1], [2, 7]])
   png = tmp_path / "c.png"
-  table = evaluation.write_confusion(counts, ["OT", "NT"], str(png))
+  table = confusion.write_confusion(counts, ["OT", "NT"], str(png))
   assert table.splitlines()[2] == "| OT | 5 | 1 |"
   assert png.stat().st_size > 1000
 
@@ -128,7 +129,7 @@ def _eval_cli(*args):
 
 def test_bad_prompts_are_clear_errors():
   tok = CharTokenizer.train(TEXTS)
-  assert evaluation.check_prompts(tok, ["And God"], 8, 32) == [tok.encode("And God")]
+  assert sample.check_prompts(tok, ["And God"], 8, 32) == [tok.encode("And God")]
   for prompts, new, message in (
     ([""], 8, "--prompt is empty"),
     (["And€"], 8, "outside the vocabulary: '€'"),
@@ -136,7 +137,7 @@ def test_bad_prompts_are_clear_errors():
     (["And"], 0, "max_new_tokens=0"),
   ):
     with pytest.raises(ValueError, match=message):
-      evaluation.check_prompts(tok, prompts, new, 32)
+      sample.check_prompts(tok, prompts, new, 32)
 
 
 def test_eval_cli_samples_and_reports_bad_input_in_one_line(trained_lm, tmp_path):

@@ -25,7 +25,7 @@ from test_recipes import make_tiny_hf, tiny
 from transformer import convert
 from transformer.convert import tokenizers as pretrained
 from transformer.eval.evaluate import evaluate
-from transformer.tasks import EvalOptions
+from transformer.evaluators import EvalOptions
 from transformer.train import experiment, losses, setup
 from transformer.train import loop as train_lib
 from transformer.train import pretrained as pretrained_lib

@@ -117,7 +117,7 @@ def test_config_paths_resolve_in_the_shipped_tree(tmp_path):
   """`--config configs/NAME.py[:arg]` names the shipped file unless one is in this folder."""
   (tmp_path / "mine.py").write_text("")
   probe = (
-    "import json, sys; from transformer.train_main import shipped_config_argv as f;"
+    "import json, sys; from transformer.cli import shipped_config_argv as f;"
     "print(json.dumps([f(a) for a in json.loads(sys.argv[1])]))"
   )
   cases = [

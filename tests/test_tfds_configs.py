@@ -21,7 +21,7 @@ from test_recipes import TFDS_CONFIGS, tiny
 
 from transformer.data import DataConfig, builders, features, sources
 from transformer.eval.evaluate import evaluate
-from transformer.tasks import EvalOptions
+from transformer.evaluators import EvalOptions
 from transformer.train import loop as train_lib
 
 NUM_EXAMPLES = 24  # per split: three batches of 8

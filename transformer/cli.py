@@ -1,12 +1,19 @@
-"""Shared pieces of the command-line entry points."""
+"""Shared pieces of the command-line entry points: one-line errors, flag parsing (a
+`--config` that names a shipped config is found), the CPU process settings.
+
+It sits below the training layer (tests/test_layout.py) so that the training loop's own
+command (`train/loop.py` `main`) can use it, as `eval_main.py` does.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from absl import flags, logging
 
 from transformer import process_settings
+from transformer.data.config import resolve_shipped
 
 _TRACEBACK = flags.DEFINE_bool("traceback", False, "show the full traceback of an error")
 _CPU_TUNING = flags.DEFINE_enum(
@@ -26,10 +33,11 @@ def apply_process_settings() -> None:
     logging.info("CPU process settings: %s", ", ".join(applied))
 
 
-def run_reporting_errors(fn, *args) -> None:
-  """Calls fn(*args); a user error prints one line to stderr and exits with status 1."""
+@contextlib.contextmanager
+def errors_in_one_line():
+  """Within it, a user error prints one line to stderr and exits with status 1."""
   try:
-    fn(*args)
+    yield
   except USER_ERRORS as e:
     if _TRACEBACK.value:
       raise
@@ -38,8 +46,35 @@ def run_reporting_errors(fn, *args) -> None:
     sys.exit(1)
 
 
+def _find_config(value: str) -> str:
+  """'configs/NAME.py[:arg]' with the file found by `resolve_shipped` if it is not here."""
+  path, sep, arg = value.partition(":")
+  found = resolve_shipped(path) if path else None
+  return f"{found}{sep}{arg}" if found is not None and found.is_file() else value
+
+
+def shipped_config_argv(argv: list[str]) -> list[str]:
+  """`argv` with the value of `--config` (`--config=V` or `--config V`) found by `_find_config`."""
+  out = list(argv)
+  for i, arg in enumerate(out):
+    name, eq, value = arg.partition("=")
+    if name in ("--config", "-config"):
+      if eq:
+        out[i] = f"{name}={_find_config(value)}"
+      elif i + 1 < len(out):
+        out[i + 1] = _find_config(out[i + 1])
+      break
+    if arg == "--":
+      break
+  return out
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing whose errors (bad --config.x overrides included) are one line."""
+  """absl flag parsing whose errors (bad --config.x overrides included) are one line; a
+  `--config` path that is not a file here names a shipped config (`configs/...` of the
+  checkout, or of `pip install .`)."""
+  argv = shipped_config_argv(argv)
+  sys.argv = argv  # config_flags reads the --config.a.b overrides from sys.argv
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:

@@ -17,9 +17,9 @@ sacrebleu (beam search by default); classifiers and ViT: accuracy and a confusio
 
 from absl import app, flags, logging
 
-from transformer.cli import apply_process_settings, parse_flags, run_reporting_errors
+from transformer.cli import apply_process_settings, errors_in_one_line, parse_flags
 from transformer.eval.evaluate import evaluate
-from transformer.tasks import EvalOptions
+from transformer.evaluators import EvalOptions
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory")
 _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "step to evaluate (default: latest)")
@@ -85,7 +85,8 @@ def main(argv: list[str]) -> None:
   if not flags.FLAGS["verbosity"].present:
     logging.set_verbosity(logging.WARNING)
   apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
-  run_reporting_errors(_run)
+  with errors_in_one_line():
+    _run()
 
 
 def run() -> None:

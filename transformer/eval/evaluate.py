@@ -2,16 +2,17 @@
 
 Rebuilds the run from the config saved in the workdir (`train/setup.py`, as training does),
 restores a checkpoint (the latest unless `step` is given) and computes the evaluation
-metrics the training loop logs, over the same evaluation batches, plus what the run's task
-offers (`Task.evaluate`): text samples for LMs, corpus BLEU for translation, a confusion
-matrix for classifiers. Results are written to `eval_step_<N>.json` in the workdir.
+metrics the training loop logs, over the same evaluation batches, plus those of the run's
+evaluators (`evaluators.for_eval`: the config's `evaluators`, else the task's own): text
+samples for LMs, corpus BLEU for translation, a confusion matrix for classifiers. Results
+are written to `eval_step_<N>.json` in the workdir.
 
 `ema=True` (`eval.py --ema`) evaluates the exponential moving average of the parameters
 that a run with `config.ema_decay` > 0 keeps in its checkpoints, in place of the trained
 parameters, for every metric; results go to `eval_step_<N>_ema.json`.
 
-`merge_lora=True` (`eval.py --merge_lora`, runs with `model.lora_rank` > 0): the task's
-evaluations (decoding: samples, BLEU; confusion matrices) run on the plain model with the
+`merge_lora=True` (`eval.py --merge_lora`, runs with `model.lora_rank` > 0): the
+evaluators (decoding: samples, BLEU; confusion matrices) run on the plain model with the
 adapters merged into its weights (`nn.lora.merge_lora`); the loss metrics are computed by
 the compiled step, on base + adapters (the same function up to float rounding).
 """
@@ -26,10 +27,12 @@ import jax
 import ml_collections
 from etils import epath
 
+from transformer import evaluators
 from transformer.data.files import one_line, write_atomic
+from transformer.evaluators import EvalOptions
 from transformer.nn import lora
 from transformer.nn.models import build_model
-from transformer.tasks import EvalOptions, Run
+from transformer.tasks import Run
 from transformer.train import checkpoints, experiment, setup
 from transformer.train.actions import ema_view
 from transformer.train.actions import evaluate as evaluate_loss
@@ -110,7 +113,7 @@ def evaluate(
   """Metrics of the checkpoint at `step` (default: latest) on the evaluation split.
 
   `ema`: of the EMA of the parameters instead of the parameters (a run with ema_decay).
-  `merge_lora`: the task's evaluations on the adapters merged into the weights.
+  `merge_lora`: the evaluators run on the adapters merged into the weights.
   """
   options = options or EvalOptions()
   workdir = absolute(workdir)
@@ -119,8 +122,9 @@ def evaluate(
   s, state, step = restore(workdir, step, ema)
   if ema:
     state = ema_view(state)
-  task = s.exp.task
-  task.check_options(options, s.model_cfg, s.info.tokenizer)
+  chosen = evaluators.for_eval(s.exp.eval.evaluators, s.exp.task, options)
+  for evaluator in chosen:  # bad options fail before any evaluation work
+    evaluator.check(s.model_cfg, s.info.tokenizer)
   placed = s.runner.place_state(state) if s.runner.parallelism == "pmap" else state
   batches = s.exp.eval.eval_batches if eval_batches is None else eval_batches
   metrics = evaluate_loss(s.runner, placed, s.eval_factory, batches, total=s.info.eval_batches)
@@ -133,7 +137,8 @@ def evaluate(
     model = build_model(merged)
     result["lora"] = "merged"
   run = Run(model, params, s.info, s.eval_factory, batches, workdir, step)
-  result |= task.evaluate(run, options)
+  for evaluator in chosen:
+    result |= evaluator.run(run)
   if jax.process_index() == 0:
     name = f"eval_step_{step}_ema.json" if ema else f"eval_step_{step}.json"
     write_atomic(os.path.join(workdir, name), json.dumps(result, indent=2))

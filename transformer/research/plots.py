@@ -4,7 +4,7 @@
   curves             training/evaluation curves of one or several runs, overlaid
                      (`curves.plot_curves` on each run's metrics.jsonl)
   attention_heatmaps the attention maps of one layer, one panel per head
-  confusion          a confusion matrix (`evaluation.write_confusion`)
+  confusion          a confusion matrix (`evaluators.confusion.write_confusion`)
 
 Every function writes one PNG and returns its path; sizes are given in pixels.
 
@@ -127,7 +127,7 @@ def attention_heatmaps(
 
 def confusion(counts: np.ndarray, names: Sequence[str], out_png: str | os.PathLike) -> str:
   """The confusion matrix (true rows, predicted columns) as a PNG; returns its Markdown table."""
-  from transformer.tasks.evals import write_confusion  # imports the model stack: keep lazy
+  from transformer.evaluators.confusion import write_confusion  # the model stack: keep lazy
 
   return write_confusion(np.asarray(counts), list(names), _check_png(out_png))
 

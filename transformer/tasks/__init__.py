@@ -16,7 +16,7 @@ A new task is one file with a `Task` subclass and one entry in `TASKS`.
 from __future__ import annotations
 
 from transformer.data.config import DataConfig
-from transformer.tasks.base import EvalOptions, Extras, Run, Task
+from transformer.tasks.base import Run, Task
 from transformer.tasks.classification import TextClassification
 from transformer.tasks.distill import Distillation
 from transformer.tasks.image import ImageClassification
@@ -53,4 +53,4 @@ def create(data: DataConfig, seq_len: int) -> Task:
   return get(data.kind).create(data, seq_len)
 
 
-__all__ = ["TASKS", "EvalOptions", "Extras", "Run", "Task", "create", "get"]
+__all__ = ["TASKS", "Run", "Task", "create", "get"]

@@ -2,10 +2,11 @@
 
 A task owns everything that depends on it: the model families that can run it, its batch
 keys and shapes and the pipeline that builds them (`data_spec`), how a batch feeds the
-model (`forward` -> logits, targets, weights), the inputs `model.init` needs, how tokens
-are counted for throughput, and the evaluations it offers during training, at the end of
-a run and from `eval.py` (samples, BLEU, confusion matrices). Training, evaluation and
-analysis code ask the task; they never branch on its name.
+model (`forward` -> logits, targets, weights), its objective, the inputs `model.init`
+needs, how tokens are counted for throughput, and the masks and labels attention analysis
+reads. What a run measures beyond the loss belongs to the evaluators
+(`transformer/evaluators`); a task names only its defaults (`evaluators`). Training,
+evaluation and analysis code ask the task; they never branch on its name.
 
 A new task is one file defining a `Task` subclass plus one entry in `tasks/__init__.py`.
 
@@ -26,7 +27,6 @@ import numpy as np
 from transformer.data.config import IMAGE_SOURCES, DataConfig, fail
 from transformer.data.datasets import DataInfo
 from transformer.data.spec import DataSpec
-from transformer.decode.sampling import Sampling
 from transformer.nn import models, moe
 from transformer.nn.config import ModelConfig
 
@@ -47,40 +47,25 @@ def token_labels(ids: np.ndarray, tokenizer: Any) -> list[str]:
   return [tokenizer.decode([int(i)]) or "·" for i in np.asarray(ids)[0]]
 
 
-@dataclasses.dataclass(frozen=True)
-class Extras:
-  """Task evaluations during and after training (top-level config fields of the same name)."""
-
-  bleu_every: int = 0  # seq2seq: steps between BLEU evaluations (and at the end); 0 = never
-  bleu_beam_size: int = 1  # seq2seq: beam size of that decoding (1 = greedy)
-  sample_prompt: str = ""  # LM: text whose continuation is printed at the end
-  sample_tokens: int = 200  # LM: tokens sampled at the end (0 = no sample)
-  sample_temperature: float = 0.8  # LM: sampling temperature of the final sample
-  seed: int = 0  # seeds the sampling
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalOptions:
-  """What `eval.py` asks of a run beyond the loss metrics."""
-
-  prompts: tuple[str, ...] = ()  # LM: texts to continue
-  num_samples: int = 1  # LM: samples per prompt
-  max_new_tokens: int = 200  # LM: tokens to sample
-  past_context: str = "cap"  # LM: cap (new tokens fit the context) | slide (a moving window)
-  temperature: float = 1.0  # LM: sampling temperature
-  top_k: int = 0  # LM: keep the k most likely tokens (0 = all)
-  top_p: float = 1.0  # LM: nucleus mass (1 = all)
-  bleu_method: str = "beam"  # translation decoding: beam | greedy
-  beam_size: int = 4  # translation beam size
-
-  def sampling(self) -> Sampling:
-    """The LM sampling these options ask for (seed 0: a rerun draws the same samples)."""
-    return Sampling(jax.random.PRNGKey(0), self.temperature, self.top_k, self.top_p)
+def token_batch(tokenizer: Any, text: str, max_len: int) -> dict[str, np.ndarray]:
+  """A one-row batch of `text` (every token-model key) for attention analysis."""
+  tokens = np.asarray(tokenizer.encode(text), np.int32)[None, :max_len]  # [1, T]
+  if tokens.shape[1] == 0:
+    raise ValueError(f"text {text!r} encodes to no tokens")
+  ones = np.ones_like(tokens)
+  return {
+    "inputs": tokens,
+    "targets": tokens,
+    "positions": np.arange(tokens.shape[1], dtype=np.int32)[None],
+    "segment_ids": ones,
+    "weights": ones.astype(np.float32),
+    "label": np.zeros((1,), np.int32),
+  }
 
 
 @dataclasses.dataclass
 class Run:
-  """A model with its parameters and the data it is evaluated on (what evaluations read)."""
+  """A model with its parameters and the data it is evaluated on (what evaluators read)."""
 
   model: nn.Module
   params: Any
@@ -102,7 +87,8 @@ class Task(abc.ABC):
   count_key: ClassVar[str | None] = "segment_ids"  # tokens/s counts its entries > 0; None: rows
   extra_vocab: ClassVar[int] = 0  # ids the task adds above the tokenizer's (e.g. sentinels)
   images: ClassVar[bool] = False  # batches hold images (no tokenizer)
-  prompts: ClassVar[bool] = False  # eval.py --prompt continues text with this task's model
+  prompts: ClassVar[bool] = False  # its model continues text (the 'sample' evaluator)
+  evaluators: ClassVar[tuple[str, ...]] = ()  # run when the config names none (evaluators/)
 
   @classmethod
   def create(cls, data: DataConfig, seq_len: int) -> Task:
@@ -197,30 +183,6 @@ class Task(abc.ABC):
     """Training matmul FLOPs (forward + backward) per unit `count` counts, for MFU: per
     token of rows of `info.target_seq_len` tokens (the target side for seq2seq)."""
     return models.flops_per_token(model, info.target_seq_len)
-
-  # Evaluations ---------------------------------------------------------------------------
-
-  def during_training(self, run: Run, extras: Extras, done: int, total: int) -> dict[str, Any]:
-    """Metrics added to a periodic evaluation at update `done` (default: none)."""
-    del run, extras, done, total
-    return {}
-
-  def after_training(self, run: Run, extras: Extras) -> dict[str, str] | None:
-    """Runs once at the end of training on the primary process (default: nothing);
-    returns texts to log (tag -> text, e.g. a sample) or None."""
-    del run, extras
-    return None
-
-  def evaluate(self, run: Run, options: EvalOptions) -> dict[str, Any]:
-    """What `eval.py` reports beyond the loss metrics (default: nothing)."""
-    del run, options
-    return {}
-
-  def check_options(self, options: EvalOptions, run_model: ModelConfig, tokenizer: Any) -> None:
-    """Refuses `eval.py` options this task cannot honour, before any evaluation work."""
-    del run_model, tokenizer
-    if options.prompts and not self.prompts:
-      raise ValueError(f"--prompt is for language models; this run trains {self.name!r}")
 
   # Analysis ------------------------------------------------------------------------------
 

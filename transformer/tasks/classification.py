@@ -15,12 +15,12 @@ from typing import Any
 
 import grain
 
-from transformer.data import pipeline
+from transformer.data import features, pipeline
 from transformer.data.config import DataConfig, fail
 from transformer.data.spec import I32, DataContext, DataSpec
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
-from transformer.tasks import evals
+from transformer.tasks.base import token_batch
 from transformer.tasks.labels import Classifying, labels_and_weights
 
 
@@ -33,16 +33,11 @@ def row_sep_id(data: DataConfig, tokenizer: Any) -> int | None:
 
 
 def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
-  return pipeline.classification_dataset(
-    c.source(train),
-    c.tok,
-    batch_size=rows,
-    train=train,
-    text_key=c.text_key,
-    label_key=c.label_key,
-    sep_id=row_sep_id(c.cfg, c.tok),
-    **c.text_common(),
+  b, source, sep = c.batching(train, rows), c.source(train), row_sep_id(c.cfg, c.tok)
+  example = features.Classification(
+    c.tok, c.seq_len, c.text_key, c.label_key, b.overlong, c.splits.name, sep
   )
+  return pipeline.batches(pipeline.examples(source, b).map(example), len(source), b)
 
 
 def _shapes(rows: int, s: int, t: int, image_shape) -> dict:
@@ -99,4 +94,4 @@ class TextClassification(Classifying):
     return models.flops_per_token(model, info.seq_len, mlm_predictions=0)
 
   def text_batch(self, tokenizer, text: str, max_len: int):
-    return evals.text_batch(tokenizer, text, max_len)
+    return token_batch(tokenizer, text, max_len)

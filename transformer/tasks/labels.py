@@ -1,14 +1,12 @@
-"""What the whole-example tasks (text and image classification) share: labels, confusion."""
+"""What the whole-example tasks (text and image classification) share: labels, and the
+confusion-matrix evaluator as their default."""
 
 from __future__ import annotations
-
-import os
 
 import jax
 import jax.numpy as jnp
 
-from transformer.tasks import evals
-from transformer.tasks.base import Batch, EvalOptions, Run, Task
+from transformer.tasks.base import Batch, Task
 
 
 def labels_and_weights(batch: Batch) -> tuple[jax.Array, jax.Array]:
@@ -18,14 +16,7 @@ def labels_and_weights(batch: Batch) -> tuple[jax.Array, jax.Array]:
 
 
 class Classifying(Task):
-  """Mixin for tasks with one label per example: a confusion matrix in `eval.py`."""
+  """Mixin for tasks with one label per example; their default evaluator is the confusion
+  matrix."""
 
-  def evaluate(self, run: Run, options: EvalOptions) -> dict:
-    del options
-    counts = evals.confusion_matrix(
-      run.model, run.params, self.apply, run.eval_factory(), run.eval_batches
-    )
-    names = list(run.info.label_names) or [str(i) for i in range(len(counts))]
-    png = os.path.join(run.workdir, f"confusion_step_{run.step}.png")
-    table = evals.write_confusion(counts, names, png) if jax.process_index() == 0 else ""
-    return {"confusion_matrix": counts.tolist(), "confusion_table": table}
+  evaluators = ("confusion",)

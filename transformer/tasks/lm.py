@@ -1,4 +1,5 @@
-"""Next-token prediction for decoder-only models (GPT): loss, perplexity and text samples.
+"""Next-token prediction for decoder-only models (GPT): loss and perplexity (text samples:
+the `sample` evaluator).
 
 Batches [B, T] (int32 unless noted): inputs, targets (the next tokens), weights f32,
 segment_ids (1, 2, ... per packed example, 0 = padding), positions (restart per example).
@@ -11,15 +12,13 @@ from __future__ import annotations
 import dataclasses
 
 import grain
-import jax
 
-from transformer.data import pipeline
+from transformer.data import features, pipeline
 from transformer.data.spec import F32, I32, DataContext, DataSpec
-from transformer.decode.sampling import Sampling
-from transformer.tasks import evals
-from transformer.tasks.base import EvalOptions, Extras, Run, Task
+from transformer.tasks.base import Task, token_batch
 
 KEYS = ("inputs", "targets", "weights", "segment_ids", "positions")
+MODEL_KEYS = ("positions", "segment_ids")  # what the decoder reads besides the inputs
 
 
 def token_shapes(keys: tuple[str, ...]):
@@ -32,17 +31,23 @@ def token_shapes(keys: tuple[str, ...]):
   return shapes
 
 
+def decoder_forward(model, batch, deterministic, keys: tuple[str, ...] = MODEL_KEYS):
+  """Next-token logits [B, T, V] of a decoder (bound) fed `batch[keys]`; targets, weights."""
+  extra = {k: batch[k] for k in keys}
+  logits = model(batch["inputs"], **extra, deterministic=deterministic)  # [B, T, V]
+  return logits, batch["targets"], batch["weights"]
+
+
 def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
-  return pipeline.lm_dataset(
-    c.source(train),
-    c.tok,
-    batch_size=rows,
-    train=train,
-    windows=bool(c.streams),
-    packed=c.cfg.packing,
-    text_key=c.text_key,
-    **c.text_common(),
-  )
+  b, source = c.batching(train, rows), c.source(train)
+  if c.streams:  # windows of T + 1 tokens: every start (training), contiguous (evaluation)
+    starts = pipeline.window_starts(source, c.seq_len, train, c.splits.name)
+    ds = pipeline.windows(starts, b).map(features.Windows(source, c.seq_len))
+    return pipeline.batches(ds, len(starts), b)
+  example = features.LMExample(c.tok, c.seq_len, c.text_key, b.overlong, c.splits.name)
+  lengths = {"inputs": c.seq_len, "targets": c.seq_len}
+  ds = pipeline.to_rows(pipeline.examples(source, b).map(example), lengths, b)
+  return pipeline.batches(ds.map(features.lm_batch_features), len(source), b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +55,7 @@ class LanguageModeling(Task):
   name = "lm"
   families = ("decoder",)
   prompts = True
+  evaluators = ("sample",)
 
   def data_spec(self) -> DataSpec:
     return DataSpec(
@@ -61,73 +67,10 @@ class LanguageModeling(Task):
     )
 
   def forward(self, model, batch, deterministic):
-    logits = model(
-      batch["inputs"],
-      positions=batch["positions"],
-      segment_ids=batch["segment_ids"],
-      deterministic=deterministic,
-    )  # [B, T, V]
-    return logits, batch["targets"], batch["weights"]
+    return decoder_forward(model, batch, deterministic)
 
   def init_args(self, batch):
-    return (batch["inputs"],), {
-      "positions": batch["positions"],
-      "segment_ids": batch["segment_ids"],
-    }
-
-  def after_training(self, run: Run, extras: Extras) -> dict[str, str] | None:
-    """Prints a sample (and returns it, tag 'sample', for TensorBoard and W&B)."""
-    if not extras.sample_tokens:
-      return None
-    prompt = extras.sample_prompt or "\n"
-    prompt_len = len(run.info.tokenizer.encode(prompt))
-    if not prompt_len:  # e.g. a pretrained SentencePiece vocabulary drops a lone newline
-      print(f"--- no sample: the prompt {prompt!r} encodes to no tokens; set sample_prompt ---")
-      return None
-    room = run.model.config.max_len - prompt_len
-    if room < 1:
-      print(f"--- no sample: the {prompt_len}-token prompt fills the context; shorten it ---")
-      return None
-    max_new = min(extras.sample_tokens, room)
-    (sample,) = evals.sample_texts(
-      run.model,
-      run.params,
-      run.info.tokenizer,
-      [prompt],
-      sampling=Sampling(jax.random.PRNGKey(extras.seed), extras.sample_temperature),
-      max_new_tokens=max_new,
-    )
-    print(f"--- sample ({max_new} tokens, temperature {extras.sample_temperature}) ---")
-    print(prompt + sample["sample"])
-    return {"sample": prompt + sample["sample"]}
-
-  def check_options(self, options: EvalOptions, run_model, tokenizer) -> None:
-    if options.prompts:  # bad prompts fail before any evaluation work
-      prompts = list(options.prompts)
-      new, _ = evals.fit_to_context(tokenizer, prompts, options.max_new_tokens,
-                                    run_model.max_len, options.past_context)  # fmt: skip
-      slide = options.past_context == "slide"
-      evals.check_prompts(tokenizer, prompts, new, None if slide else run_model.max_len)
-
-  def evaluate(self, run: Run, options: EvalOptions) -> dict:
-    """Samples for `options.prompts`: new tokens capped to the context (with a note in
-    'notes') or, with past_context 'slide', through a sliding window."""
-    if not options.prompts:
-      return {}
-    prompts = list(options.prompts)
-    new, note = evals.fit_to_context(run.info.tokenizer, prompts, options.max_new_tokens,
-                                     run.model.config.max_len, options.past_context)  # fmt: skip
-    samples = evals.sample_texts(
-      run.model,
-      run.params,
-      run.info.tokenizer,
-      prompts,
-      sampling=options.sampling(),
-      num_samples=options.num_samples,
-      max_new_tokens=new,
-      sliding=options.past_context == "slide",
-    )
-    return {"samples": samples, **({"notes": [note]} if note else {})}
+    return (batch["inputs"],), {k: batch[k] for k in MODEL_KEYS}
 
   def text_batch(self, tokenizer, text: str, max_len: int):
-    return evals.text_batch(tokenizer, text, max_len)
+    return token_batch(tokenizer, text, max_len)

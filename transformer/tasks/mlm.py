@@ -15,29 +15,30 @@ import grain
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.data import masking, pipeline
+from transformer.data import features, masking, pipeline
 from transformer.data.config import DataConfig, fail
 from transformer.data.spec import DataContext, DataSpec
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
-from transformer.tasks import evals
-from transformer.tasks.base import Task
+from transformer.tasks.base import Task, token_batch
 from transformer.tasks.lm import KEYS, token_shapes
 
 
 def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
-  return pipeline.mlm_dataset(
-    c.source(train),
-    c.tok,
-    batch_size=rows,
-    train=train,
-    windows=bool(c.streams),
-    packed=c.cfg.packing,
-    text_key=c.text_key,
-    mask_rate=c.cfg.mask_rate,
-    whole_word=c.cfg.whole_word_masking,
-    **c.text_common(),
-  )
+  """Rows of [CLS] text [SEP] segments, masked per row after packing (evaluation masks are
+  fixed by the seed)."""
+  mask = features.Mask(c.tok, c.cfg.mask_rate, c.cfg.whole_word_masking)
+  b, source, lengths = c.batching(train, rows), c.source(train), {"inputs": c.seq_len}
+  if c.streams:  # [CLS] window of T - 2 tokens [SEP]; sharded, then shuffled per host
+    starts = pipeline.window_starts(source, c.seq_len - 2, train, c.splits.name)
+    ds = pipeline.ordered(pipeline.shard(starts, b.loader), b)
+    ds = ds.map(features.MLMWindow(source, c.seq_len)).map(pipeline.Pad(lengths))
+    total = len(starts)
+  else:
+    example = features.MLMExample(c.tok, c.seq_len, c.text_key, b.overlong, c.splits.name)
+    ds = pipeline.to_rows(pipeline.examples(source, b).map(example), lengths, b)
+    total = len(source)
+  return pipeline.batches(ds.random_map(mask, seed=b.seed_for("mask")), total, b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,4 +105,4 @@ class MaskedLanguageModeling(Task):
       )
 
   def text_batch(self, tokenizer, text: str, max_len: int):
-    return evals.text_batch(tokenizer, text, max_len)
+    return token_batch(tokenizer, text, max_len)

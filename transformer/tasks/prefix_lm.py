@@ -22,9 +22,10 @@ from transformer.data.config import DataConfig, fail
 from transformer.data.spec import DataContext, DataSpec
 from transformer.nn.config import ModelConfig
 from transformer.tasks.base import Task
-from transformer.tasks.lm import token_shapes
+from transformer.tasks.lm import decoder_forward, token_shapes
 
 KEYS = ("inputs", "targets", "weights", "segment_ids", "positions", "prefix_mask")
+MODEL_KEYS = ("positions", "segment_ids", "prefix_mask")  # what the decoder reads with inputs
 
 
 def split_window(window: np.ndarray, seq_len: int, prefix: int) -> dict[str, np.ndarray]:
@@ -58,15 +59,11 @@ class _Split:
 
 
 def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
-  tokens = c.source(train)
+  b, tokens = c.batching(train, rows), c.source(train)
   starts = pipeline.window_starts(tokens, c.seq_len, train, c.splits.name)
-  if train:  # shuffle, then deal windows to hosts (as the LM task)
-    starts = pipeline.shuffled(starts, c.seed, c.loader)
-  seed = pipeline.derive_seed(c.seed, "prefix")
-  ds = pipeline.shard(starts, c.loader).random_map(_Split(tokens, c.seq_len), seed=seed)
-  if not train:
-    return pipeline.eval_batches(ds, len(starts), rows, c.loader)
-  return pipeline.train_batches(pipeline.to_iter(ds, c.loader), rows, c.loader)
+  split = _Split(tokens, c.seq_len)
+  ds = pipeline.windows(starts, b).random_map(split, seed=b.seed_for("prefix"))
+  return pipeline.batches(ds, len(starts), b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,15 +80,7 @@ class PrefixLanguageModeling(Task):
     return DataSpec(build=_build, shapes=token_shapes(KEYS), window=lambda s, t: s)
 
   def forward(self, model, batch, deterministic):
-    logits = model(
-      batch["inputs"],
-      positions=batch["positions"],
-      segment_ids=batch["segment_ids"],
-      prefix_mask=batch["prefix_mask"],
-      deterministic=deterministic,
-    )  # [B, T, V]
-    return logits, batch["targets"], batch["weights"]
+    return decoder_forward(model, batch, deterministic, MODEL_KEYS)
 
   def init_args(self, batch):
-    keys = ("positions", "segment_ids", "prefix_mask")
-    return (batch["inputs"],), {k: batch[k] for k in keys}
+    return (batch["inputs"],), {k: batch[k] for k in MODEL_KEYS}

@@ -1,15 +1,16 @@
-"""Sequence-to-sequence training for encoder-decoders (translation): loss and corpus BLEU.
+"""Sequence-to-sequence training for encoder-decoders (translation): the loss (corpus BLEU:
+the `bleu` evaluator, which reads the references `eval_references` gives).
 
 Batches: inputs, inputs_segment_ids, inputs_positions [B, S]; targets (end with EOS; the
 model shifts them right), targets_segment_ids, targets_positions, weights f32 [B, T].
 Training packs source and target jointly (example k of a row is segment k on both sides);
 evaluation keeps one pair per row so outputs decode per example.
 
-BLEU (during training every `bleu_every` updates, and from eval.py) scores the decoded
-sources against the raw target text of the evaluation split, not the detokenized target
-ids: `eval_references` reads the evaluation records in the order the evaluation batches
-hold them (this host's shard in source order, `pipeline.records`; padding rows only at
-the end), so no key is added to the batches and the compiled steps see the same batch.
+BLEU scores the decoded sources against the raw target text of the evaluation split, not
+the detokenized target ids: `eval_references` reads the evaluation records in the order
+the evaluation batches hold them (this host's shard in source order, `pipeline.records`;
+padding rows only at the end), so no key is added to the batches and the compiled steps
+see the same batch.
 """
 
 from __future__ import annotations
@@ -19,33 +20,35 @@ import os
 from collections.abc import Iterator
 
 import grain
-import jax
+import numpy as np
 
 from transformer.data import features, pipeline, sources
 from transformer.data.config import DataConfig, fail
 from transformer.data.spec import F32, I32, DataContext, DataSpec
 from transformer.nn.config import ModelConfig
-from transformer.tasks import evals
-from transformer.tasks.base import EvalOptions, Extras, Run, Task, token_labels
+from transformer.tasks.base import Task, token_labels
 
 INPUT_KEYS = ("inputs", "inputs_segment_ids", "inputs_positions")
 TARGET_KEYS = ("targets", "targets_segment_ids", "targets_positions")
 
 
+def batch_features(ex: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+  """Packed / padded `features.Translation` rows -> the batch keys (adds `weights`)."""
+  out = {k: ex[k] for pair in zip(INPUT_KEYS, TARGET_KEYS, strict=True) for k in pair}
+  out["weights"] = (ex["targets_segment_ids"] > 0).astype(np.float32)
+  return out
+
+
 def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
-  return pipeline.seq2seq_dataset(
-    c.source(train),
-    c.tok,
-    inputs_len=c.seq_len,
-    targets_len=c.target_len,
-    batch_size=rows,
-    train=train,
-    packed=c.cfg.packing,
-    source_key=c.cfg.source_column,
-    target_key=c.cfg.target_column,
-    source_name=c.splits.name,
-    **c.common(),
+  """Training packs inputs and targets jointly; evaluation keeps one pair per row so that
+  outputs decode per example."""
+  b, source, cfg = c.batching(train, rows), c.source(train), c.cfg
+  pair = features.Translation(
+    c.tok, c.seq_len, c.target_len, cfg.source_column, cfg.target_column, b.overlong, c.splits.name
   )
+  lengths = {"inputs": c.seq_len, "targets": c.target_len}
+  ds = pipeline.to_rows(pipeline.examples(source, b).map(pair), lengths, b)
+  return pipeline.batches(ds.map(batch_features), len(source), b)
 
 
 def eval_references(cfg: DataConfig, workdir: str | os.PathLike | None = None) -> Iterator[str]:
@@ -57,21 +60,6 @@ def eval_references(cfg: DataConfig, workdir: str | os.PathLike | None = None) -
     yield features.text_of(record, cfg.target_column)
 
 
-def seq2seq_bleu(run: Run, method: str, beam_size: int) -> dict:
-  """`evals.bleu` of the run's evaluation batches against the split's raw references."""
-  return evals.bleu(
-    run.model,
-    run.params,
-    run.info.tokenizer,
-    run.eval_factory(),
-    run.eval_batches,
-    references=eval_references(run.info.config, run.workdir),
-    method=method,
-    beam_size=beam_size,
-    total=run.info.eval_batches,
-  )
-
-
 def seq2seq_shapes(rows: int, s: int, t: int, image_shape) -> dict:
   """Shapes of encoder-decoder batches: inputs [B, S], targets and weights [B, T] (every
   key of training and evaluation batches; BLEU's references come from the split)."""
@@ -81,58 +69,58 @@ def seq2seq_shapes(rows: int, s: int, t: int, image_shape) -> dict:
   return shapes | {"weights": ((rows, t), F32)}
 
 
-def seq2seq_forward(model, batch, deterministic):
-  """Teacher-forced logits [B, T, V] of an encoder-decoder (bound), its targets and weights."""
-  logits = model(
-    batch["inputs"],
-    batch["targets"],
-    inputs_segment_ids=batch["inputs_segment_ids"],
-    targets_segment_ids=batch["targets_segment_ids"],
-    inputs_positions=batch["inputs_positions"],
-    targets_positions=batch["targets_positions"],
-    deterministic=deterministic,
-  )  # [B, T, V]
-  return logits, batch["targets"], batch["weights"]
+@dataclasses.dataclass(frozen=True)
+class EncoderDecoderTask(Task):
+  """The step and analysis of batches with the keys above (this task, span corruption)."""
 
+  families = ("seq2seq",)
+  count_key = "targets_segment_ids"
 
-def seq2seq_init_args(batch):
-  """`model.init` arguments of an encoder-decoder."""
-  return (batch["inputs"], batch["targets"]), {
-    "inputs_segment_ids": batch["inputs_segment_ids"],
-    "targets_segment_ids": batch["targets_segment_ids"],
-  }
+  def forward(self, model, batch, deterministic):
+    """Teacher-forced logits [B, T, V] of an encoder-decoder (bound), targets and weights."""
+    logits = model(
+      batch["inputs"],
+      batch["targets"],
+      inputs_segment_ids=batch["inputs_segment_ids"],
+      targets_segment_ids=batch["targets_segment_ids"],
+      inputs_positions=batch["inputs_positions"],
+      targets_positions=batch["targets_positions"],
+      deterministic=deterministic,
+    )  # [B, T, V]
+    return logits, batch["targets"], batch["weights"]
 
+  def init_args(self, batch):
+    segment_ids = {k: batch[k] for k in ("inputs_segment_ids", "targets_segment_ids")}
+    return (batch["inputs"], batch["targets"]), segment_ids
 
-def seq2seq_attention_masks(batch):
-  """Valid queries and keys per attention module: encoder, decoder self and cross."""
-  source = batch["inputs_segment_ids"] > 0
-  target = batch["targets_segment_ids"] > 0
+  def attention_masks(self, batch):
+    """Valid queries and keys per attention module: encoder, decoder self and cross."""
+    source = batch["inputs_segment_ids"] > 0
+    target = batch["targets_segment_ids"] > 0
 
-  def masks(name: str):
-    if name.startswith("encoder"):
-      return source, source
-    return (target, source) if name.endswith("cross_attention") else (target, target)
+    def masks(name: str):
+      if name.startswith("encoder"):
+        return source, source
+      return (target, source) if name.endswith("cross_attention") else (target, target)
 
-  return masks
+    return masks
 
+  def attention_labels(self, batch, tokenizer):
+    """Source tokens label the encoder's queries and keys and the cross-attention keys."""
+    source = token_labels(batch["inputs"], tokenizer)
 
-def seq2seq_attention_labels(batch, tokenizer):
-  """Source tokens label the encoder's queries and keys and the cross-attention keys."""
-  source = token_labels(batch["inputs"], tokenizer)
+    def labels(name: str):
+      if name.startswith("encoder"):
+        return source, source
+      return None, source if name.endswith("cross_attention") else None
 
-  def labels(name: str):
-    if name.startswith("encoder"):
-      return source, source
-    return None, source if name.endswith("cross_attention") else None
-
-  return labels
+    return labels
 
 
 @dataclasses.dataclass(frozen=True)
-class SequenceToSequence(Task):
+class SequenceToSequence(EncoderDecoderTask):
   name = "seq2seq"
-  families = ("seq2seq",)
-  count_key = "targets_segment_ids"
+  evaluators = ("bleu",)
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
@@ -147,31 +135,3 @@ class SequenceToSequence(Task):
       packing_key="targets_segment_ids",
       row_budget=lambda counts, s, t: [(counts[0] + 1, s), (counts[1] + 1, t)],  # + EOS
     )
-
-  def forward(self, model, batch, deterministic):
-    return seq2seq_forward(model, batch, deterministic)
-
-  def init_args(self, batch):
-    return seq2seq_init_args(batch)
-
-  def during_training(self, run: Run, extras: Extras, done: int, total: int) -> dict:
-    if not extras.bleu_every or (done % extras.bleu_every and done != total):
-      return {}
-    beam = extras.bleu_beam_size
-    result = seq2seq_bleu(run, "beam" if beam > 1 else "greedy", max(beam, 1))
-    if jax.process_index() == 0:  # the console line, with what a reader needs to compare
-      print(
-        f"BLEU @ step {done} | {result['bleu']:.2f} on {run.info.config.eval_split} "
-        f"({result['bleu_method']}; sacrebleu {result['bleu_signature']})",
-        flush=True,
-      )
-    return {"bleu": result["bleu"]}
-
-  def evaluate(self, run: Run, options: EvalOptions) -> dict:
-    return seq2seq_bleu(run, options.bleu_method, options.beam_size)
-
-  def attention_masks(self, batch):
-    return seq2seq_attention_masks(batch)
-
-  def attention_labels(self, batch, tokenizer):
-    return seq2seq_attention_labels(batch, tokenizer)

@@ -29,14 +29,7 @@ from transformer.data.config import DataConfig, fail
 from transformer.data.spec import DataContext, DataSpec
 from transformer.data.tokenizers import EOS_ID
 from transformer.nn.config import ModelConfig
-from transformer.tasks.base import Task
-from transformer.tasks.seq2seq import (
-  seq2seq_attention_labels,
-  seq2seq_attention_masks,
-  seq2seq_forward,
-  seq2seq_init_args,
-  seq2seq_shapes,
-)
+from transformer.tasks.seq2seq import EncoderDecoderTask, seq2seq_shapes
 
 NOISE_DENSITY = 0.15  # fraction of tokens dropped (Raffel et al. 2020, Table 7 best)
 MEAN_SPAN = 3.0  # mean dropped-span length in tokens (same table)
@@ -136,10 +129,8 @@ class _Corrupt:
 
 
 @dataclasses.dataclass(frozen=True)
-class SpanCorruption(Task):
+class SpanCorruption(EncoderDecoderTask):
   name = "span_corruption"
-  families = ("seq2seq",)
-  count_key = "targets_segment_ids"
   extra_vocab = NUM_SENTINELS
   density: float = NOISE_DENSITY
   mean_span: float = MEAN_SPAN
@@ -159,28 +150,11 @@ class SpanCorruption(Task):
     )
 
   def _build(self, c: DataContext, train: bool, rows: int) -> grain.IterDataset:
-    tokens = c.source(train)
+    b, tokens = c.batching(train, rows), c.source(train)
     length = window_length(c.seq_len, c.target_len, self.density, self.mean_span)
     starts = pipeline.window_starts(tokens, length, train, c.splits.name)
-    if train:  # shuffle, then deal windows to hosts (as the LM task)
-      starts = pipeline.shuffled(starts, c.seed, c.loader)
     corrupt_fn = _Corrupt(
       tokens, length, c.seq_len, c.target_len, c.tok.vocab_size, self.density, self.mean_span
     )
-    seed = pipeline.derive_seed(c.seed, "noise")
-    ds = pipeline.shard(starts, c.loader).random_map(corrupt_fn, seed=seed)
-    if not train:
-      return pipeline.eval_batches(ds, len(starts), rows, c.loader)
-    return pipeline.train_batches(pipeline.to_iter(ds, c.loader), rows, c.loader)
-
-  def forward(self, model, batch, deterministic):
-    return seq2seq_forward(model, batch, deterministic)
-
-  def init_args(self, batch):
-    return seq2seq_init_args(batch)
-
-  def attention_masks(self, batch):
-    return seq2seq_attention_masks(batch)
-
-  def attention_labels(self, batch, tokenizer):
-    return seq2seq_attention_labels(batch, tokenizer)
+    ds = pipeline.windows(starts, b).random_map(corrupt_fn, seed=b.seed_for("noise"))
+    return pipeline.batches(ds, len(starts), b)

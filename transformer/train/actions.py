@@ -6,7 +6,8 @@ in order after every update:
   Throughput   tokens and examples since the last log line, minus the time spent in
                evaluations and saves (`paused()`)
   Log          one console / metrics line every `log_every` updates
-  Evaluate     the evaluation split's loss metrics, the task's own and the EMA's
+  Evaluate     the evaluation split's loss metrics, the due evaluators' and the EMA's;
+               after the last update, the evaluators that run at the end (`finish`)
   Save         a checkpoint every `checkpoint_every` updates, never past a NaN
 
 plus `evaluate` (loss metrics over an evaluation split; also `eval.py`'s) and `ema_view`.
@@ -24,6 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from transformer import evaluators
 from transformer.data.progress import progress
 from transformer.tasks import Run, Task
 from transformer.train import telemetry
@@ -136,16 +138,23 @@ class Log:
 @dataclasses.dataclass
 class Evaluate:
   """The loss metrics on the evaluation split every `eval_every` updates and after the
-  last, plus the task's own when due and the EMA weights' (`ema_<name>`, logged as split
-  `eval_ema`). `run` returns None when a preemption notice interrupted it."""
+  last, plus the scalars of the periodic evaluators due then (`evaluators/`, those the
+  config names or the task's) and the EMA weights' (`ema_<name>`, logged as split
+  `eval_ema`). `run` returns None when a preemption notice interrupted it; `finish` runs
+  the evaluators that run once at the end."""
 
   exp: Experiment
   runner: StepRunner
   eval_factory: Callable[[], Iterator[dict[str, np.ndarray]]]
   eval_batches_total: int  # batches one pass yields (progress lines)
   writer: MetricWriter
-  view: Callable[[Any], Run]  # the model as the task's evaluations see it
+  view: Callable[[Any], Run]  # the model as the evaluators see it
   should_stop: Callable[[], bool] | None = None
+  chosen: tuple[evaluators.Evaluator, ...] = dataclasses.field(init=False)  # from the config
+
+  def __post_init__(self):
+    options = self.exp.eval.training_options(self.exp.loop.seed)
+    self.chosen = evaluators.for_training(self.exp.eval.evaluators, self.exp.task, options)
 
   def due(self, done: int) -> bool:
     every = self.exp.eval.eval_every
@@ -155,9 +164,12 @@ class Evaluate:
     metrics = self.loss(state, f"evaluating at step {done}")
     if metrics is None:
       return None
-    extras = self.exp.eval.extras(self.exp.loop.seed)
     total = self.exp.loop.num_train_steps
-    metrics |= self.exp.task.during_training(self.view(state), extras, done, total)
+    due = [e for e in self.chosen if e.due(done, total)]
+    run = self.view(state) if due else None
+    for evaluator in due:  # their scalars join the loss metrics (e.g. 'bleu')
+      result = evaluator.run(run)
+      metrics |= {k: v for k, v in result.items() if type(v) in (int, float)}
     self.writer.write_scalars(done, metrics, split="eval")
     if not self.exp.ema.enabled:
       return metrics
@@ -166,6 +178,16 @@ class Evaluate:
       return None
     self.writer.write_scalars(done, ema, split="eval_ema")
     return metrics | {f"ema_{k}": v for k, v in ema.items()}
+
+  def finish(self, state) -> None:
+    """Runs the evaluators that run once at the end (an LM's sample; the loop calls it on
+    the primary process) and logs the texts they return (tag -> text)."""
+    final = [e for e in self.chosen if e.at_end]
+    run = self.view(state) if final else None
+    for evaluator in final:
+      for tag, value in evaluator.run(run).items():
+        if isinstance(value, str):
+          self.writer.write_text(run.step, tag, value)
 
   def loss(self, state, desc: str) -> dict | None:
     """The loss metrics alone (no log); None when interrupted (`should_stop`)."""

@@ -26,7 +26,7 @@ from typing import Any
 import ml_collections
 from ml_collections import config_dict
 
-from transformer import tasks
+from transformer import evaluators, tasks
 from transformer.convert import sources
 from transformer.data.config import DataConfig, fail
 from transformer.nn import models
@@ -95,10 +95,11 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """Periodic evaluation and the task's own evaluations (`tasks.Extras`)."""
+  """Periodic evaluation and the evaluators' settings (`evaluators.TrainingOptions`)."""
 
   eval_every: int = 500  # steps between evaluations (and at the end); 0 = only at the end
   eval_batches: int = 0  # batches per evaluation; 0 = the whole evaluation split
+  evaluators: tuple[str, ...] = ()  # evaluators/ a run uses; () = its task's (Task.evaluators)
   bleu_every: int = 0  # seq2seq: steps between BLEU evaluations (and at the end); 0 = never
   bleu_beam_size: int = 1  # seq2seq: beam size of the BLEU decoding (1 = greedy)
   sample_prompt: str = ""  # LM only: text whose continuation is printed at the end
@@ -111,9 +112,9 @@ class EvalConfig:
     if self.sample_temperature <= 0:
       fail("sample_temperature", self.sample_temperature, "must be > 0")
 
-  def extras(self, seed: int) -> tasks.Extras:
-    names = {f.name for f in dataclasses.fields(tasks.Extras)} - {"seed"}
-    return tasks.Extras(seed=seed, **{n: getattr(self, n) for n in names})
+  def training_options(self, seed: int) -> evaluators.TrainingOptions:
+    names = {f.name for f in dataclasses.fields(evaluators.TrainingOptions)} - {"seed"}
+    return evaluators.TrainingOptions(seed=seed, **{n: getattr(self, n) for n in names})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -329,6 +330,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   except ValueError as e:
     raise ValueError(f"config.model: {e}") from None
   task.check(model, data)
+  evaluators.check(evaluation.evaluators, task)
 
   optimizer = convert(optimizer_lib.OptimizerConfig, as_dict(config.optimizer), "optimizer.")
   schedule_cfg = convert(ScheduleConfig, as_dict(config.schedule), "schedule.")

@@ -1,10 +1,11 @@
-"""The training loop: `train_and_evaluate(config, workdir)`, top to bottom.
+"""The training loop, `train_and_evaluate(config, workdir)`, top to bottom; and `main`,
+the command (`python train.py`, `transformer-train`), at the end. Copy this file to fork it.
 
   validate the config -> guard the run (lock, SIGTERM, peers) -> build (`setup.build`:
   data, model, optimizer, compiled steps) -> restore the latest checkpoint (train state +
   data position) or load `init_from` -> for each update: next batch, `train_step`, then
   the periodic actions (`train/actions.py`: log, evaluate, save) -> curves PNG and the
-  task's end (an LM prints a sample). Rerunning the command continues an interrupted run
+  evaluators that run at the end (an LM's sample). Rerunning the command continues an interrupted run
   exactly.
 
 Faults (docs/RELIABILITY.md) are the business of one `RunGuard` (`train/guard/`), entered
@@ -32,17 +33,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import ml_collections
+from absl import app, flags, logging
+from ml_collections import config_flags
 
+from transformer import cli
 from transformer.tasks import Run
 from transformer.train import checkpoints, experiment, finetune, setup, telemetry, tracking
 from transformer.train.actions import Evaluate, Log, Save, Throughput, ema_view, evaluate
 from transformer.train.curves import plot_curves
 from transformer.train.guard import NonFinite, RunGuard
+from transformer.train.guard.run_record import RunRecord
+from transformer.train.guard.startup import maybe_initialize
 from transformer.train.metric_writers import MetricWriter
 from transformer.train.overview import parameter_overview
 from transformer.train.step import copy_params
@@ -109,9 +116,12 @@ def train_and_evaluate(
       )
       with writer:
         writer.write_hparams(config)
+        # The compiled update: `runner.train_step` is `jax.jit(step.train_step)` with the
+        # state's and the batch's shardings on the mesh, donating the state (or its
+        # `jax.pmap` over the local devices), built as the state is placed.
         state = runner.place_state(state)
 
-        def view(state) -> Run:  # the model as the task's evaluations see it
+        def view(state) -> Run:  # the model as the evaluators see it
           host = runner.host_state(state)
           return Run(s.model, host.params, s.info, s.eval_factory, exp.eval.eval_batches,
                      workdir, int(jax.device_get(host.step)))  # fmt: skip
@@ -143,7 +153,8 @@ def train_and_evaluate(
             if hooks.batch is not None:
               batch = hooks.batch(done, batch)
             throughput.add(batch)
-            state, step_metrics = runner.train(state, batch)
+            state, step_metrics = runner.train_step(state, runner.place_batch(batch))
+            step_metrics = runner.unreplicate(step_metrics)
             profile.after(done, state)
             nonfinite.record(done, step_metrics)
             if guard.should_stop(done):
@@ -183,17 +194,14 @@ def train_and_evaluate(
         elif start >= total:  # already finished: evaluate the restored state again
           metrics = _evaluate_again(exp, runner, s, state, start)
 
-        # The end: curves, and what the task does after training (an LM's sample).
+        # The end: curves, and the evaluators that run at the end (an LM's sample).
         hooks.enter("finish", int(metrics.get("step", total)))
         ckpt.wait_until_finished()
         writer.flush()
         if is_primary:
           plot_curves([writer.jsonl_path], os.path.join(workdir, "curves.png"))
         if not metrics.get("preempted") and is_primary:
-          run = view(state)
-          texts = exp.task.after_training(run, exp.eval.extras(loop.seed))
-          for tag, text in (texts or {}).items():
-            writer.write_text(run.step, tag, text)
+          evaluation.finish(state)  # the evaluators that run at the end (an LM's sample)
       return metrics
 
 
@@ -247,3 +255,36 @@ def _evaluate_again(exp: experiment.Experiment, runner, s: setup.Setup, state, s
                    total=s.info.eval_batches, desc=desc)  # fmt: skip
     metrics |= {f"ema_{k}": v for k, v in ema.items()}
   return metrics
+
+
+# The command: `python train.py` (and `transformer-train`) ----------------------------------
+
+
+def define_flags() -> None:
+  """`--config` and `--workdir`; a command calls this once, before its flags are parsed."""
+  config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
+  flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics)")
+  flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str], hooks: Hooks | None = None) -> None:
+  """Trains `--config` in `--workdir` (resuming from its latest checkpoint); a bad input
+  ends in one line. Every invocation that gets as far as building the run appends its
+  record (command, wall and CPU time, CPU ISA, load, versions, steps, final metrics) to
+  WORKDIR/runs.jsonl, whether it completed, was preempted or stopped with an error."""
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  record = RunRecord(sys.argv, workdir)  # the load average at start
+  if not flags.FLAGS["verbosity"].present:  # library INFO logs (orbax) only with -v 0
+    logging.set_verbosity(logging.WARNING)
+  cli.apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
+  maybe_initialize(config, workdir)  # several processes: same config, peer watch
+  hooks = record.hooks(hooks or Hooks())
+  with cli.errors_in_one_line():
+    try:
+      metrics = train_and_evaluate(config, workdir, hooks)
+    except BaseException as e:  # recorded before its line, which stays the last printed
+      record.finish(error=e)
+      raise
+    record.finish(metrics=metrics)

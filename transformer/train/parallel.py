@@ -45,23 +45,24 @@ class StepRunner:
   ):
     if parallelism not in ("jit", "pmap"):
       raise ValueError(f"parallelism must be jit or pmap, got {parallelism!r}")
-    self.cfg, self.parallelism, self.rules = cfg, parallelism, rules
+    self.parallelism, self.rules = parallelism, rules
     self.mesh = make_mesh() if mesh is None else mesh
-    if parallelism == "jit":
+    if parallelism == "jit":  # the steps pin activations to this mesh as they trace
+      self.cfg = dataclasses.replace(cfg, layout=(self.mesh, rules))
       self.num_devices = self.mesh.devices.size
       self.batch_sharding = partitioning.batch_sharding(self.mesh, rules)
       self.replicated = NamedSharding(self.mesh, PartitionSpec())
-      self._train = self._eval = None  # compiled once the state's layout is known
+      self.train_step = self._eval = None  # compiled once the state's layout is known
       self.state_sharding = None
     else:
       if self.mesh.devices.size != jax.device_count() or self.mesh.shape["data"] != self.mesh.size:
         raise ValueError("parallelism='pmap' is data parallelism on all devices: use mesh data=-1")
+      self.cfg = dataclasses.replace(cfg, axis_name=PMAP_AXIS)
       self.num_devices = jax.local_device_count()
-      pcfg = dataclasses.replace(cfg, axis_name=PMAP_AXIS)
-      self._train = jax.pmap(
-        functools.partial(train_step, cfg=pcfg), axis_name=PMAP_AXIS, donate_argnums=0
+      self.train_step = jax.pmap(
+        functools.partial(train_step, cfg=self.cfg), axis_name=PMAP_AXIS, donate_argnums=0
       )
-      self._eval = jax.pmap(functools.partial(eval_step, cfg=pcfg), axis_name=PMAP_AXIS)
+      self._eval = jax.pmap(functools.partial(eval_step, cfg=self.cfg), axis_name=PMAP_AXIS)
 
   def check_batch_size(self, batch_size: int, name: str = "batch_size") -> None:
     """`batch_size` is this process's rows; they must split evenly over its devices."""
@@ -78,7 +79,9 @@ class StepRunner:
   # State layout -----------------------------------------------------------------------
 
   def _layout(self, state: TrainState) -> None:
-    """Shardings of the state (from its parameters) and the jitted steps that use them."""
+    """Shardings of the state (from its parameters) and the steps compiled for them:
+    `self.train_step` is `jax.jit` of `step.train_step` taking the state and a global batch
+    with these shardings, donating the state."""
     if self.parallelism != "jit" or self.state_sharding is not None:
       return
     abstract = jax.eval_shape(lambda: state)
@@ -86,25 +89,14 @@ class StepRunner:
       abstract, abstract.params, self.mesh, self.rules
     )
     self.param_sharding = self.state_sharding.params
-    mesh, rules = self.mesh, self.rules
-
-    def laid_out(fn):
-      """fn traced with activation sharding constraints for this mesh."""
-
-      def wrapped(*args):
-        with partitioning.activation_layout(mesh, rules):
-          return fn(*args)
-
-      return wrapped
-
-    self._train = jax.jit(
-      laid_out(functools.partial(train_step, cfg=self.cfg)),
+    self.train_step = jax.jit(
+      functools.partial(train_step, cfg=self.cfg),
       in_shardings=(self.state_sharding, self.batch_sharding),
       out_shardings=(self.state_sharding, self.replicated),
       donate_argnums=0,
     )
     self._eval = jax.jit(
-      laid_out(functools.partial(eval_step, cfg=self.cfg)),
+      functools.partial(eval_step, cfg=self.cfg),
       in_shardings=(self.param_sharding, self.batch_sharding),
       out_shardings=self.replicated,
     )
@@ -156,25 +148,27 @@ class StepRunner:
 
   # Steps ------------------------------------------------------------------------------
 
-  def train(self, state: TrainState, batch: dict[str, np.ndarray]) -> tuple[TrainState, dict]:
-    if self._train is None:
-      raise RuntimeError("place_state(state) first: it fixes the state's layout")
-    state, metrics = self._train(state, self.place_batch(batch))
+  def unreplicate(self, metrics: dict) -> dict:
+    """A step's metrics as one value each (pmap returns one per local device, all equal)."""
     if self.parallelism == "pmap":
-      metrics = jax.tree.map(lambda x: x[0], metrics)
-    return state, metrics
+      return jax.tree.map(lambda x: x[0], metrics)
+    return metrics
+
+  def train(self, state: TrainState, batch: dict[str, np.ndarray]) -> tuple[TrainState, dict]:
+    """`train_step` on a host batch of this process's rows (what the loop spells out)."""
+    if self.train_step is None:
+      raise RuntimeError("place_state(state) first: it fixes the state's layout")
+    state, metrics = self.train_step(state, self.place_batch(batch))
+    return state, self.unreplicate(metrics)
 
   def lower_train(self, state: TrainState, batch: dict[str, np.ndarray]) -> Any:
     """The train step lowered for a placed `state` and a host batch of this process's rows.
-    Compiling it compiles what `train` then runs (same shapes: no second compilation)."""
-    if self._train is None:
+    Compiling it compiles what `train_step` then runs (same shapes: no second compilation)."""
+    if self.train_step is None:
       raise RuntimeError("place_state(state) first: it fixes the state's layout")
-    return self._train.lower(state, self.place_batch(batch))
+    return self.train_step.lower(state, self.place_batch(batch))
 
   def eval(self, state: TrainState, batch: dict[str, np.ndarray]) -> dict:
     if self._eval is None:
       self._layout(state)
-    sums = self._eval(state.params, self.place_batch(batch))
-    if self.parallelism == "pmap":
-      sums = jax.tree.map(lambda x: x[0], sums)
-    return sums
+    return self.unreplicate(self._eval(state.params, self.place_batch(batch)))

@@ -18,6 +18,7 @@ the initial parameters; a skipped (NaN/Inf) update leaves it unchanged with the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from typing import Any
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from transformer.nn import partitioning
 from transformer.tasks import Task
 from transformer.tasks.base import Batch
 from transformer.train import losses
@@ -66,6 +68,7 @@ class StepConfig:
   schedule: Any = None  # count -> learning rate, for logging
   ema_decay: float = 0.0  # decay of the parameter EMA (0 = none; the state then has none)
   ema_warmup: bool = False  # decay min(ema_decay, (1 + t) / (10 + t)) at update count t
+  layout: tuple[Any, Any] | None = None  # (mesh, rules) activations are pinned to (jit)
 
 
 def create_train_state(
@@ -123,9 +126,12 @@ def _sums(cfg: StepConfig, params, frozen, batch: Batch, rng, deterministic: boo
   task's untrained variables (training steps only; evaluation scores the model alone)."""
   rngs = {"dropout": rng} if rng is not None else {}
   variables = {"params": params} if frozen is None else {"params": params, "frozen": frozen}
-  logits, targets, weights, aux = cfg.task.forward_with_aux(
-    cfg.model, variables, batch, deterministic, rngs
-  )
+  # On a mesh, the model pins its activations to it by their logical axes as it traces.
+  layout = partitioning.activation_layout(*cfg.layout) if cfg.layout else contextlib.nullcontext()
+  with layout:
+    logits, targets, weights, aux = cfg.task.forward_with_aux(
+      cfg.model, variables, batch, deterministic, rngs
+    )
   ce_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
     logits, targets, weights, cfg.label_smoothing, cfg.z_loss
   )

@@ -29,7 +29,7 @@ instead of copied by hand. A resumed run appends one line per leg. Each line hol
   final_eval        the final evaluation metrics (`train_and_evaluate`'s result; {} if the
                     run stopped before it)
 
-Usage (transformer/train_main.py): `record = RunRecord(sys.argv, workdir)` at the start of
+Usage (`main` in transformer/train/loop.py): `record = RunRecord(sys.argv, workdir)` at the start of
 `main`, the loop's hooks wrapped with `record.hooks(hooks)` (the phase hook notes the steps
 and calls the caller's own), then `record.finish(metrics=...)` or `record.finish(error=e)`.
 

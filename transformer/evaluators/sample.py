@@ -1,0 +1,207 @@
+"""Language-model samples: one at the end of training, and a continuation of each `eval.py
+--prompt`."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+from transformer import decode
+from transformer.decode.sampling import Sampling
+from transformer.decode.sliding import generate_sliding
+from transformer.evaluators.base import EvalOptions, Evaluator, TrainingOptions, strip_ids
+from transformer.tasks.base import Run, Task
+
+PAST_CONTEXT = ("cap", "slide")  # what LM sampling does with tokens beyond the context
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample(Evaluator):
+  """In training (`sample_tokens` > 0), at the end: one continuation of `sample_prompt`
+  (a newline when empty), capped to the context, printed and logged as text 'sample'.
+  From `eval.py`: `num_samples` continuations of each prompt (none given: nothing), new
+  tokens capped to the context (with a note in 'notes') or, with past_context 'slide',
+  through a sliding window."""
+
+  name = "sample"
+  prompts: tuple[str, ...] = ()
+  num_samples: int = 1  # per prompt
+  max_new_tokens: int = 200
+  past_context: str = "cap"  # one of PAST_CONTEXT
+  temperature: float = 1.0
+  top_k: int = 0  # 0 = all tokens
+  top_p: float = 1.0  # 1 = all tokens
+  seed: int = 0  # seeds the sampling: a rerun draws the same samples
+
+  @classmethod
+  def unsupported(cls, task: Task) -> str | None:
+    return None if task.prompts else "needs a task whose model continues text (a language model)"
+
+  @classmethod
+  def for_training(cls, task: Task, options: TrainingOptions) -> Sample:
+    del task
+    return cls(
+      at_end=options.sample_tokens > 0,
+      prompts=(options.sample_prompt or "\n",),
+      max_new_tokens=options.sample_tokens,
+      temperature=options.sample_temperature,
+      seed=options.seed,
+    )
+
+  @classmethod
+  def for_eval(cls, task: Task, options: EvalOptions) -> Sample:
+    del task
+    names = ("prompts", "num_samples", "max_new_tokens", "past_context", "temperature")  # as here
+    return cls(**{n: getattr(options, n) for n in (*names, "top_k", "top_p")})
+
+  def sampling(self) -> Sampling:
+    """The sampling these settings ask for (a fixed seed: a rerun draws the same samples)."""
+    return Sampling(jax.random.PRNGKey(self.seed), self.temperature, self.top_k, self.top_p)
+
+  def check(self, model, tokenizer) -> None:
+    if self.prompts and not self.at_end:  # bad prompts fail before any evaluation work
+      prompts, slide = list(self.prompts), self.past_context == "slide"
+      new, _ = fit_to_context(tokenizer, prompts, self.max_new_tokens, model.max_len,
+                              self.past_context)  # fmt: skip
+      check_prompts(tokenizer, prompts, new, None if slide else model.max_len)
+
+  def run(self, run: Run) -> dict[str, Any]:
+    if self.at_end:
+      return self._final(run)
+    if not self.prompts:
+      return {}
+    prompts, tokenizer = list(self.prompts), run.info.tokenizer
+    new, note = fit_to_context(tokenizer, prompts, self.max_new_tokens, run.model.config.max_len,
+                               self.past_context)  # fmt: skip
+    samples = sample_texts(
+      run.model,
+      run.params,
+      tokenizer,
+      prompts,
+      sampling=self.sampling(),
+      num_samples=self.num_samples,
+      max_new_tokens=new,
+      sliding=self.past_context == "slide",
+    )
+    return {"samples": samples, **({"notes": [note]} if note else {})}
+
+  def _final(self, run: Run) -> dict[str, str]:
+    """The end-of-training sample, printed; a prompt the context cannot continue is
+    reported and skipped rather than ending a finished run in an error."""
+    (prompt,) = self.prompts
+    prompt_len = len(run.info.tokenizer.encode(prompt))
+    if not prompt_len:  # e.g. a pretrained SentencePiece vocabulary drops a lone newline
+      print(f"--- no sample: the prompt {prompt!r} encodes to no tokens; set sample_prompt ---")
+      return {}
+    room = run.model.config.max_len - prompt_len
+    if room < 1:
+      print(f"--- no sample: the {prompt_len}-token prompt fills the context; shorten it ---")
+      return {}
+    max_new = min(self.max_new_tokens, room)
+    (sample,) = sample_texts(
+      run.model,
+      run.params,
+      run.info.tokenizer,
+      [prompt],
+      sampling=self.sampling(),
+      max_new_tokens=max_new,
+    )
+    print(f"--- sample ({max_new} tokens, temperature {self.temperature}) ---")
+    print(prompt + sample["sample"])
+    return {"sample": prompt + sample["sample"]}
+
+
+def sample_texts(
+  model: nn.Module,
+  params: Any,
+  tokenizer: Any,
+  prompts: list[str],
+  *,
+  sampling: Sampling,
+  num_samples: int = 1,
+  max_new_tokens: int = 200,
+  sliding: bool = False,
+) -> list[dict[str, str]]:
+  """`num_samples` continuations of each prompt (LMs) drawn with `sampling`. Raises
+  ValueError for bad prompts.
+
+  `sliding`: through a window of the model's last `max_len` tokens (`decode.sliding`), so
+  prompt + new tokens may exceed the context; else cached decoding within the context.
+  Each sample says which (`generation`: 'cached' or 'sliding window of W tokens').
+  """
+  max_len = model.config.max_len
+  rows = check_prompts(tokenizer, prompts, max_new_tokens, None if sliding else max_len)
+  rows = [r for r in rows for _ in range(num_samples)]
+  texts = [p for p in prompts for _ in range(num_samples)]
+  generate = generate_sliding if sliding else decode.generate
+  out = generate(
+    model,
+    params,
+    rows,
+    max_new_tokens=max_new_tokens,
+    method="sample",
+    sampling=sampling,
+    eos_id=tokenizer.eos_id,
+  )
+  how = f"sliding window of {max_len} tokens" if sliding else "cached"
+  tokens = [strip_ids(t, tokenizer.eos_id, pad_id=None) for t in np.asarray(out.tokens)]
+  return [
+    {"prompt": p, "sample": tokenizer.decode(t), "generation": how}
+    for p, t in zip(texts, tokens, strict=True)
+  ]
+
+
+def fit_to_context(
+  tokenizer: Any, prompts: list[str], max_new_tokens: int, max_len: int, past_context: str
+) -> tuple[int, str | None]:
+  """(new tokens to sample, a one-line note or None) for `past_context`: 'cap' fits them
+  into the model's context after the longest prompt (noting a cut), 'slide' keeps them
+  all (a sliding window). ValueError for an unknown mode or a prompt that fills the
+  context under 'cap'."""
+  if past_context not in PAST_CONTEXT:
+    raise ValueError(f"past_context={past_context!r}: expected one of {', '.join(PAST_CONTEXT)}")
+  if past_context == "slide" or max_new_tokens < 1:
+    return max_new_tokens, None
+  longest = max((len(tokenizer.encode(p)) for p in prompts), default=0)
+  room = max_len - longest
+  if room < 1:
+    raise ValueError(
+      f"a {longest}-token prompt fills the model's context (max_len={max_len}): shorten it, "
+      "or use --past_context=slide to generate through a sliding window"
+    )
+  if max_new_tokens <= room:
+    return max_new_tokens, None
+  return room, (
+    f"note: {max_new_tokens} new tokens capped to {room}: the model's context is "
+    f"max_len={max_len} tokens with a {longest}-token prompt "
+    "(--past_context=slide generates past it through a sliding window)"
+  )
+
+
+def check_prompts(
+  tokenizer: Any, prompts: list[str], max_new_tokens: int, max_len: int | None
+) -> list:
+  """Token ids of each prompt; ValueError for an empty prompt, characters the vocabulary
+  lacks, or a length the model cannot hold (`max_len` None: no length limit)."""
+  rows = []
+  for prompt in prompts:
+    if not prompt:
+      raise ValueError("--prompt is empty: give at least one character to continue")
+    unknown = tokenizer.unknown_chars(prompt) if hasattr(tokenizer, "unknown_chars") else {}
+    if unknown:
+      chars = "".join(sorted(unknown))
+      raise ValueError(f"prompt {prompt!r} has characters outside the vocabulary: {chars!r}")
+    rows.append(tokenizer.encode(prompt))
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+  longest = max(len(r) for r in rows)
+  if max_len is not None and longest + max_new_tokens > max_len:
+    raise ValueError(
+      f"{max_new_tokens} new tokens after a {longest}-token prompt exceed the model's "
+      f"max_len={max_len}; ask for at most {max_len - longest}"
+    )
+  return rows
