@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from transformer import tasks
-from transformer.data import DataConfig, builders, files, image_builders, make_datasets, pipeline
+from transformer.data import (
+  DataConfig,
+  DataContext,
+  builders,
+  files,
+  image_builders,
+  make_datasets,
+  pipeline,
+  sources,
+)
 from transformer.data.tokenizers import ByteTokenizer
 from transformer.nn.config import ModelConfig
 
@@ -119,11 +128,10 @@ def test_overlong_example_with_error_policy_names_file_and_line(tmp_path):
   builder = builders.sentence_pairs(
     path, ["en", "es"], tmp_path / "tfds", validation_fraction=0.0, test_fraction=0.0
   )
-  ds = pipeline.seq2seq_dataset(
-    builder.as_data_source()["train"], ByteTokenizer(), inputs_len=16, targets_len=16, batch_size=2,
-    train=True, source_key="en", target_key="es", source_name=str(path),
-    loader=pipeline.Loader(process_index=0, process_count=1, overlong="error"),
-  )  # fmt: skip
+  split = builder.as_data_source()["train"]
+  splits = sources.Splits(train=split, eval=split, name=str(path), key="")
+  loader = pipeline.Loader(process_index=0, process_count=1, overlong="error")
+  ds = _spec(cfg).build(DataContext(cfg, splits, ByteTokenizer(), 16, 16, 0, loader), True, 2)
   with pytest.raises(
     ValueError, match=_at(path, 7) + r" \(en\): 43 tokens exceed the sequence length 15"
   ):

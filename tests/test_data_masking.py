@@ -5,8 +5,9 @@ import itertools
 import numpy as np
 import pytest
 
-from transformer.data import image_pipeline, images, masking, pipeline
+from transformer.data import features, image_pipeline, images, masking, pipeline
 from transformer.data.tokenizers import CLS_ID, MASK_ID, NUM_SPECIAL, PAD_ID, SEP_ID
+from transformer.tasks.image import image_batches
 
 VOCAB = 1000
 
@@ -162,13 +163,13 @@ def test_images_in_memory_give_the_batches_of_record_by_record_reads(monkeypatch
   rng = np.random.default_rng(0)
   source = [{"image": rng.integers(0, 256, (6, 5), np.uint8), "label": i % 10} for i in range(103)]
   loader = pipeline.Loader(process_index=1, process_count=2)
-  kw = dict(batch_size=8, train=True, mean=(0.3,), std=(0.35,), seed=3, loader=loader)
+  image, b = features.Image((0.3,), (0.35,)), pipeline.Batching(8, True, 3, loader)
   held = image_pipeline.in_memory_images(source, loader)
   assert held[0].shape == (51, 6, 5, 1) and list(held[1][:3]) == [1, 3, 5]  # this host's shard
-  fast = list(itertools.islice(image_pipeline.image_dataset(source, **kw), 15))  # about 2 epochs
+  fast = list(itertools.islice(image_batches(source, image, b), 15))  # about 2 epochs
   monkeypatch.setattr(image_pipeline, "IN_MEMORY_IMAGE_BYTES", 0)  # record by record
   assert image_pipeline.in_memory_images(source, loader) is None
-  slow = list(itertools.islice(image_pipeline.image_dataset(source, **kw), 15))
+  slow = list(itertools.islice(image_batches(source, image, b), 15))
   for a, b in zip(fast, slow, strict=True):
     assert a["image"].dtype == b["image"].dtype == np.float32
     np.testing.assert_array_equal(a["image"], b["image"])

@@ -25,7 +25,7 @@ from test_recipes import make_tiny_hf, tiny
 
 from transformer import convert
 from transformer.convert import tokenizers as pretrained
-from transformer.data import features, pipeline, sources
+from transformer.data import DataContext, features, pipeline, sources
 from transformer.data.config import DataConfig
 from transformer.data.tokenizers import CLS_ID, CharTokenizer
 from transformer.nn import tree
@@ -163,7 +163,9 @@ def test_classification_rows_end_with_sep_for_pretrained_vocabularies_only(hf_di
   own = DataConfig(kind="classification", source="labelled")
   assert classification.row_sep_id(own, char) is None
   assert not classification.TextClassification.create(own, 8).pretrained
-  ds = pipeline.classification_dataset([record], char, seq_len=80, batch_size=1, train=False)
+  splits = sources.Splits(train=[record], eval=[record], name="", key="")
+  context = DataContext(own, splits, char, 80, 80, 0, pipeline.Loader())
+  ds = classification.TextClassification().data_spec().build(context, False, 1)
   row = next(iter(ds))["inputs"][0].tolist()
   assert row == [CLS_ID, *char.encode(text)] + [0] * (80 - 1 - len(text))
 

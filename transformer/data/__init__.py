@@ -39,9 +39,9 @@ Building blocks, usable alone:
   read with `builder.as_data_source()` or `tfds.data_source(name, split=, data_dir=)`.
   tokenizers.CharTokenizer / ByteTokenizer / SentencePieceTokenizer, get_tokenizer,
   load_tokenizer. packing.pack / pad_example / packing_efficiency.
-  masking.mask_tokens. images.normalize / augment. pipeline.lm_dataset / mlm_dataset /
-  classification_dataset / seq2seq_dataset (-> grain.IterDataset); image_pipeline:
-  image_dataset.
+  masking.mask_tokens. images.normalize / augment. pipeline: the task-neutral steps of a
+  task's grain pipeline (Batching; examples / windows -> to_rows -> batches); the tasks
+  (transformer/tasks) assemble their batches from them.
 """
 
 from transformer.data.config import PRESETS, DataConfig

@@ -54,6 +54,12 @@ class LocalConfig(tfds.core.BuilderConfig):
   validation_fraction: float = 0.05  # share of the data in the validation split
   test_fraction: float = 0.05  # share of the data in the test split
 
+  @classmethod
+  def pending(cls, path: str | os.PathLike, validation: float, test: float, **fields: Any):
+    """The config of `path`, to be named by `prepare_named` once its files are hashed."""
+    fractions = {"validation_fraction": validation, "test_fraction": test}
+    return cls(name="pending", path=str(path), **fractions, **fields)
+
 
 class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Base: array_record output in source order, splits from `_parse()`."""
@@ -319,6 +325,22 @@ def prepare(
   return builder
 
 
+def prepare_named(
+  builder_cls: type[LocalBuilder],
+  config: LocalConfig,
+  paths: Sequence[Path],
+  data_dir: str | os.PathLike | None,
+  name: str | None,
+  *extra: object,
+  content: bool = True,
+) -> tfds.core.DatasetBuilder:
+  """`prepare` named by `config_name`, with a digest of `paths`, the config's settings and
+  `extra` (`files.fingerprint`): changed files or settings prepare a new dataset."""
+  digest = files.fingerprint(paths, settings(config), *extra, content=content)
+  config.name = config_name(config.path, digest, name)
+  return prepare(builder_cls, config, data_dir)
+
+
 def settings(config: LocalConfig) -> tuple:
   skip = {f.name for f in dataclasses.fields(tfds.core.BuilderConfig)} | {"path"}
   return tuple(
@@ -337,15 +359,8 @@ def text_corpus(
 ) -> tfds.core.DatasetBuilder:
   """Prepares a text file / folder as a `local_text_corpus` dataset (see module doc)."""
   paths = files.text_files(path)
-  cfg = TextCorpusConfig(
-    name="pending",
-    path=str(path),
-    validation_fraction=validation_fraction,
-    test_fraction=test_fraction,
-    chunk_chars=chunk_chars,
-  )
-  cfg.name = config_name(path, files.fingerprint(paths, settings(cfg)), name)
-  return prepare(LocalTextCorpus, cfg, data_dir)
+  cfg = TextCorpusConfig.pending(path, validation_fraction, test_fraction, chunk_chars=chunk_chars)
+  return prepare_named(LocalTextCorpus, cfg, paths, data_dir, name)
 
 
 def sentence_pairs(
@@ -359,17 +374,10 @@ def sentence_pairs(
   delimiter: str | None = None,
 ) -> tfds.core.DatasetBuilder:
   """Prepares a TSV / CSV of aligned sentences as a `local_sentence_pairs` dataset."""
-  p = files.existing(path)
-  cfg = TableConfig(
-    name="pending",
-    path=str(path),
-    columns=tuple(columns),
-    delimiter=delimiter,
-    validation_fraction=validation_fraction,
-    test_fraction=test_fraction,
-  )
-  cfg.name = config_name(path, files.fingerprint([p], settings(cfg)), name)
-  return prepare(LocalSentencePairs, cfg, data_dir)
+  paths = [files.existing(path)]
+  table = {"columns": tuple(columns), "delimiter": delimiter}
+  cfg = TableConfig.pending(path, validation_fraction, test_fraction, **table)
+  return prepare_named(LocalSentencePairs, cfg, paths, data_dir, name)
 
 
 def labelled_text(
@@ -379,22 +387,14 @@ def labelled_text(
   data_dir: str | os.PathLike | None = None,
   *,
   label_names: Sequence[str] | None = None,
+  delimiter: str | None = None,
   name: str | None = None,
   validation_fraction: float = 0.05,
   test_fraction: float = 0.05,
-  delimiter: str | None = None,
 ) -> tfds.core.DatasetBuilder:
   """Prepares a TSV / CSV with text and label columns as a `local_labelled_text` dataset."""
-  p = files.existing(path)
-  cfg = TableConfig(
-    name="pending",
-    path=str(path),
-    text_column=text_column,
-    label_column=label_column,
-    label_names=None if label_names is None else tuple(label_names),
-    delimiter=delimiter,
-    validation_fraction=validation_fraction,
-    test_fraction=test_fraction,
-  )
-  cfg.name = config_name(path, files.fingerprint([p], settings(cfg)), name)
-  return prepare(LocalLabelledText, cfg, data_dir)
+  paths = [files.existing(path)]
+  labels = None if label_names is None else tuple(label_names)
+  table = {"text_column": text_column, "label_column": label_column, "label_names": labels}
+  cfg = TableConfig.pending(path, validation_fraction, test_fraction, **table, delimiter=delimiter)
+  return prepare_named(LocalLabelledText, cfg, paths, data_dir, name)

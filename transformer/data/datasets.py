@@ -86,8 +86,8 @@ def make_datasets(
   """
   cfg = DataConfig.from_mapping(data_config)
   loader = pipeline.Loader(
-    process_index=process_index,
-    process_count=process_count,
+    process_index,
+    process_count,
     num_epochs=cfg.num_epochs,
     num_workers=cfg.num_workers,
     worker_buffer=cfg.prefetch,

@@ -230,21 +230,6 @@ class Translation:
     return out
 
 
-def seq2seq_batch_features(ex: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-  """Packed / padded translation features -> the seq2seq batch keys (adds `weights`)."""
-  keys = (
-    "inputs",
-    "targets",
-    "inputs_segment_ids",
-    "targets_segment_ids",
-    "inputs_positions",
-    "targets_positions",
-  )
-  out = {k: ex[k] for k in keys}
-  out["weights"] = (ex["targets_segment_ids"] > 0).astype(np.float32)
-  return out
-
-
 @dataclasses.dataclass(frozen=True)
 class Image:
   """A record -> `image` float32 [H, W, C] (augmented if training, normalised), `label`."""

@@ -240,15 +240,10 @@ def idx_images(
   """Prepares a folder of four IDX files as a `local_idx_images` dataset."""
   root = files.existing(path)
   paths = [files.existing(root / n) for n in file_names]
-  cfg = ImageConfig(
-    name="pending",
-    path=str(path),
-    files=tuple(file_names),
-    validation_fraction=validation_fraction,
-    label_names=None if label_names is None else tuple(label_names),
-  )
-  cfg.name = builders.config_name(path, files.fingerprint(paths, builders.settings(cfg)), name)
-  return builders.prepare(LocalIdxImages, cfg, data_dir)
+  labels = None if label_names is None else tuple(label_names)
+  idx = {"files": tuple(file_names), "label_names": labels}
+  cfg = ImageConfig.pending(path, validation_fraction, ImageConfig.test_fraction, **idx)
+  return builders.prepare_named(LocalIdxImages, cfg, paths, data_dir, name)
 
 
 def image_folder(
@@ -267,17 +262,9 @@ def image_folder(
   """
   root = files.existing(path)
   paths = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
-  cfg = ImageConfig(
-    name="pending",
-    path=str(path),
-    channels=channels,
-    validation_fraction=validation_fraction,
-    test_fraction=test_fraction,
-  )
-  rel = [p.relative_to(root) for p in paths]
-  digest = files.fingerprint(paths, builders.settings(cfg), [str(r) for r in rel], content=False)
-  cfg.name = builders.config_name(path, digest, name)
-  return builders.prepare(LocalImageFolder, cfg, data_dir)
+  cfg = ImageConfig.pending(path, validation_fraction, test_fraction, channels=channels)
+  rel = [str(p.relative_to(root)) for p in paths]
+  return builders.prepare_named(LocalImageFolder, cfg, paths, data_dir, name, rel, content=False)
 
 
 def sklearn_digits(

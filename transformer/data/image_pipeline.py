@@ -1,15 +1,13 @@
-"""grain pipelines of image classification: batches of image f32 [B, H, W, C]
-(normalised) and label int32 [B], augmented when training (`features.Image`); a host's
-training images of one shape that fit in `IN_MEMORY_IMAGE_BYTES` are read once and
-gathered a batch at a time (`features.ImageBatch`). The pipeline's shared steps (sharding,
-shuffling, evaluation padding, prefetch) are `pipeline.py`'s.
+"""Image records held in memory: a host's training images of one shape that fit in
+`IN_MEMORY_IMAGE_BYTES` are read once (`in_memory_images`), so that a pipeline can gather,
+augment and normalise them a batch at a time (`features.ImageBatch`) instead of reading and
+transforming one record at a time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-import grain
 import numpy as np
 
 from transformer.data import features, pipeline
@@ -40,45 +38,3 @@ def in_memory_images(
     held[i] = image.reshape(shape)
     labels[i] = record[label_key]
   return held, labels
-
-
-def image_dataset(
-  source: Sequence,
-  *,
-  batch_size: int,
-  train: bool,
-  mean: Sequence[float],
-  std: Sequence[float],
-  seed: int = 0,
-  crop_padding: int = 0,
-  flip: bool = False,
-  image_key: str = "image",
-  label_key: str = "label",
-  image_size: int | None = None,
-  loader: pipeline.Loader = pipeline.Loader(),
-) -> grain.IterDataset:
-  """Image classification batches (keys image, label); augmentation when training.
-
-  `image_size` first resizes (shorter side) and centre-crops every image to a square,
-  for datasets whose images differ in size. Training images of one shape that fit in
-  `IN_MEMORY_IMAGE_BYTES` are read once (`in_memory_images`) and each batch is gathered,
-  augmented and normalised at once (`features.ImageBatch`): the same images in the same
-  order as record by record, without a record read and a transform per image.
-  """
-  transform = features.Image(
-    tuple(mean), tuple(std), crop_padding, flip, image_key, label_key, image_size
-  )
-  if not train:
-    return pipeline.eval_batches(
-      pipeline.records(source, loader).map(transform), len(source), batch_size, loader
-    )
-  held = None if image_size else in_memory_images(source, loader, image_key, label_key)
-  if held is not None:  # the same image order; augmented a batch at a time
-    batch = features.ImageBatch(*held, tuple(mean), tuple(std), crop_padding, flip)
-    ds = pipeline.shuffled(grain.MapDataset.range(len(held[1])), seed, loader)
-    ds = ds.batch(batch_size, drop_remainder=True)
-    ds = ds.random_map(batch, seed=pipeline.derive_seed(seed, "augment"))
-    return pipeline.prefetched(pipeline.to_iter(ds, loader), loader)
-  ds = pipeline.shuffled(pipeline.records(source, loader), seed, loader)
-  ds = ds.random_map(transform, seed=pipeline.derive_seed(seed, "augment"))
-  return pipeline.train_batches(pipeline.to_iter(ds, loader), batch_size, loader)

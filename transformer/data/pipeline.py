@@ -1,8 +1,11 @@
-"""grain input pipelines: one entry function per model family, numpy batches out.
+"""grain input pipelines: the task-neutral steps each task builds its batches from.
 
-Every entry function takes a random-access source (a TFDS data source, or any sequence
-of records) and returns a `grain.IterDataset`; `iter()` of it is a
-`grain.DatasetIterator` whose `get_state()` / `set_state()` (or
+A task (transformer/tasks) turns a random-access source (a TFDS data source, or any
+sequence of records) into a `grain.IterDataset` of numpy batches with these steps: this
+host's records or token-stream windows in training order (`examples`, `windows`), its own
+per-example transform, rows of fixed length (`to_rows`: packed or padded), then batches
+(`batches`). `Batching` carries what the steps read besides the data. `iter()` of the
+result is a `grain.DatasetIterator` whose `get_state()` / `set_state()` (or
 `grain.checkpoint.CheckpointSave/Restore` under orbax) resume a run on exactly the
 batches it would have seen.
 
@@ -12,21 +15,12 @@ epoch), repeated `num_epochs` times (None: forever), transformed, packed or padd
 batched with `drop_remainder`. Evaluation (`train=False`): the host's shard in source
 order, every example exactly once, in the same number of batches on every host: the
 last batches are filled with padding rows (weights 0, segment ids 0, label -1).
-
-Batch keys (B per-host batch, T seq_len, S inputs length; int32 unless noted):
-  lm:             inputs, targets (next tokens), weights f32, segment_ids, positions  [B, T]
-  mlm:            inputs (corrupted), targets (original), weights f32 (1 = predict),
-                  segment_ids, positions  [B, T]
-  classification: inputs ([CLS] first), segment_ids, positions [B, T]; label [B]
-  seq2seq:        inputs, inputs_segment_ids, inputs_positions [B, S]; targets (end in EOS),
-                  targets_segment_ids, targets_positions, weights f32 [B, T]
-  image:          image f32 [B, H, W, C] (normalised); label [B]  (`image_pipeline.py`)
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import grain
@@ -62,6 +56,27 @@ class Loader:
     return index, count
 
 
+@dataclasses.dataclass(frozen=True)
+class Batching:
+  """How one split becomes batches: what the steps below read besides the data."""
+
+  rows: int  # B, rows per batch on this host
+  train: bool  # True: shuffled, repeated, full batches; False: one padded pass in order
+  seed: int = 0  # the run seed; each use derives its own (`derive_seed`)
+  loader: Loader = Loader()
+  packed: bool = True  # training examples of variable length are packed (else padded)
+
+  @property
+  def overlong(self) -> str:
+    """The overlong policy of this split: evaluation sees every example ('skip' truncates)."""
+    if not self.train and self.loader.overlong == "skip":
+      return "truncate"
+    return self.loader.overlong
+
+  def seed_for(self, tag: str) -> int:
+    return derive_seed(self.seed, tag)
+
+
 def ceil_div(a: int, b: int) -> int:
   return -(-a // b)
 
@@ -76,8 +91,7 @@ def _with_index(index: int, record: Any) -> tuple[int, Any]:
 
 
 def records(source: Sequence, loader: Loader) -> grain.MapDataset:
-  """(source index, record) pairs of this host's shard (the building blocks below are public
-  so that a task can assemble its own pipeline)."""
+  """(source index, record) pairs of this host's shard, in source order."""
   index, count = loader.host()
   return grain.MapDataset.source(source).map_with_index(_with_index)[index::count]
 
@@ -171,198 +185,55 @@ def window_starts(tokens: np.ndarray, span: int, train: bool, name: str) -> grai
   return grain.MapDataset.range(0, len(tokens) - 1, span)
 
 
-def _packed_or_padded(
-  ds: grain.MapDataset,
-  lengths: dict[str, int],
-  batch_size: int,
-  packed: bool,
-  seed: int,
-  loader: Loader,
-) -> grain.IterDataset:
-  """Training rows of variable-length examples: skip Nones, then pack or pad to `lengths`."""
-  it = to_iter(ds, loader)  # Drops the None of skipped examples.
-  if packed:
-    bins = loader.packing_bins or batch_size
-    return packing.pack(it, lengths, bins, seed=derive_seed(seed, "pack"))
-  return it.map(_Pad(lengths))
+def ordered(ds: grain.MapDataset, b: Batching) -> grain.MapDataset:
+  """`ds` shuffled and repeated for training (`shuffled`); as it is for evaluation."""
+  return shuffled(ds, b.seed, b.loader) if b.train else ds
 
 
-def _finish_examples(
-  ds: grain.MapDataset,
-  lengths: dict[str, int],
-  finalize: Callable[[dict], dict],
-  batch_size: int,
-  packed: bool,
-  seed: int,
-  loader: Loader,
-) -> grain.IterDataset:
-  """Training tail for variable-length examples: skip Nones, pack or pad, finalize, batch."""
-  it = _packed_or_padded(ds, lengths, batch_size, packed, seed, loader).map(finalize)
-  return train_batches(it, batch_size, loader)
+def examples(source: Sequence, b: Batching) -> grain.MapDataset:
+  """(source index, record) pairs of this host's shard, in the order of `b`'s split."""
+  return ordered(records(source, b.loader), b)
+
+
+def windows(starts: grain.MapDataset, b: Batching) -> grain.MapDataset:
+  """This host's window starts, in the order of `b`'s split.
+
+  Shuffled before they are dealt to hosts: the global batch is the same set of windows
+  whatever the number of processes (multi-host runs reproduce single-host losses).
+  """
+  return shard(ordered(starts, b), b.loader)
 
 
 @dataclasses.dataclass(frozen=True)
-class _Pad:
+class Pad:
+  """An example -> one row of `lengths` (`packing.pad_example`)."""
+
   lengths: dict[str, int]
 
   def __call__(self, ex: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return packing.pad_example(ex, self.lengths)
 
 
-def eval_policy(loader: Loader) -> str:
-  return "truncate" if loader.overlong == "skip" else loader.overlong  # Eval sees every example.
+def to_rows(
+  ds: grain.MapDataset, lengths: dict[str, int], b: Batching
+) -> grain.MapDataset | grain.IterDataset:
+  """Variable-length examples as rows of `lengths`: one padded example per row for
+  evaluation; for training, skipped examples (None) dropped, then packed (`b.packed`) or
+  padded."""
+  if not b.train:
+    return ds.map(Pad(lengths))
+  it = to_iter(ds, b.loader)  # Drops the None of skipped examples.
+  if b.packed:
+    bins = b.loader.packing_bins or b.rows
+    return packing.pack(it, lengths, bins, seed=b.seed_for("pack"))
+  return it.map(Pad(lengths))
 
 
-def lm_dataset(
-  source: Sequence,
-  tokenizer: Tokenizer,
-  *,
-  seq_len: int,
-  batch_size: int,
-  train: bool,
-  seed: int = 0,
-  windows: bool = True,
-  packed: bool = True,
-  text_key: str = "text",
-  source_name: str = "",
-  loader: Loader = Loader(),
-) -> grain.IterDataset:
-  """Decoder-only LM batches (keys inputs, targets, weights, segment_ids, positions).
-
-  `windows=True`: the split is one token stream (`source` may be that stream, int32
-  [N]); training samples windows of T + 1 tokens at every start (nanoGPT), evaluation
-  takes contiguous non-overlapping windows, so every token is predicted once.
-  `windows=False`: each record is [BOS] text [EOS], packed (or padded) into rows.
-  """
-  if windows:
-    tokens = token_stream(source, tokenizer, text_key)
-    starts = window_starts(tokens, seq_len, train, source_name)
-    if not train:
-      return eval_batches(
-        shard(starts, loader).map(features.Windows(tokens, seq_len)),
-        len(starts),
-        batch_size,
-        loader,
-      )
-    # Shuffle, then deal windows to hosts: the global batch is the same set of windows
-    # whatever the number of processes (multi-host runs reproduce single-host losses).
-    ds = shard(shuffled(starts, seed, loader), loader).map(features.Windows(tokens, seq_len))
-    return train_batches(to_iter(ds, loader), batch_size, loader)
-  lengths = {"inputs": seq_len, "targets": seq_len}
-  if not train:
-    example = features.LMExample(tokenizer, seq_len, text_key, eval_policy(loader), source_name)
-    rows = records(source, loader).map(example).map(_Pad(lengths)).map(features.lm_batch_features)
-    return eval_batches(rows, len(source), batch_size, loader)
-  example = features.LMExample(tokenizer, seq_len, text_key, loader.overlong, source_name)
-  ds = shuffled(records(source, loader), seed, loader).map(example)
-  return _finish_examples(ds, lengths, features.lm_batch_features, batch_size, packed, seed, loader)
-
-
-def mlm_dataset(
-  source: Sequence,
-  tokenizer: Tokenizer,
-  *,
-  seq_len: int,
-  batch_size: int,
-  train: bool,
-  seed: int = 0,
-  windows: bool = False,
-  packed: bool = True,
-  mask_rate: float = 0.15,
-  whole_word: bool = False,
-  text_key: str = "text",
-  source_name: str = "",
-  loader: Loader = Loader(),
-) -> grain.IterDataset:
-  """Masked-LM batches (keys inputs, targets, weights, segment_ids, positions); rows are
-  [CLS] text [SEP] segments.
-
-  Masks are drawn per row after packing; evaluation masks are fixed by `seed`.
-  `windows=True` cuts the token stream (`source` may be that stream, int32 [N]) into
-  windows of T - 2 tokens instead of using records.
-  """
-  mask = features.Mask(tokenizer, mask_rate, whole_word)
-  lengths = {"inputs": seq_len}
-  mask_seed = derive_seed(seed, "mask")
-  if windows:
-    tokens = token_stream(source, tokenizer, text_key)
-    starts = window_starts(tokens, seq_len - 2, train, source_name)
-    ds = shard(starts, loader)
-    ds = shuffled(ds, seed, loader) if train else ds
-    rows = (
-      ds.map(features.MLMWindow(tokens, seq_len))
-      .map(_Pad(lengths))
-      .random_map(mask, seed=mask_seed)
-    )
-    if not train:
-      return eval_batches(rows, len(starts), batch_size, loader)
-    return train_batches(to_iter(rows, loader), batch_size, loader)
-  if not train:
-    example = features.MLMExample(tokenizer, seq_len, text_key, eval_policy(loader), source_name)
-    rows = records(source, loader).map(example).map(_Pad(lengths)).random_map(mask, seed=mask_seed)
-    return eval_batches(rows, len(source), batch_size, loader)
-  example = features.MLMExample(tokenizer, seq_len, text_key, loader.overlong, source_name)
-  ds = shuffled(records(source, loader), seed, loader).map(example)
-  it = _packed_or_padded(ds, lengths, batch_size, packed, seed, loader)
-  return train_batches(it.random_map(mask, seed=mask_seed), batch_size, loader)
-
-
-def classification_dataset(
-  source: Sequence,
-  tokenizer: Tokenizer,
-  *,
-  seq_len: int,
-  batch_size: int,
-  train: bool,
-  seed: int = 0,
-  text_key: str = "text",
-  label_key: str = "label",
-  source_name: str = "",
-  loader: Loader = Loader(),
-  sep_id: int | None = None,
-) -> grain.IterDataset:
-  """Text classification batches (keys inputs, segment_ids, positions, label), one text per
-  row: `[CLS] text`, or `[CLS] text [SEP]` where `sep_id` is set."""
-  policy = loader.overlong if train else eval_policy(loader)
-  example = features.Classification(
-    tokenizer, seq_len, text_key, label_key, policy, source_name, sep_id
-  )
-  if not train:
-    return eval_batches(records(source, loader).map(example), len(source), batch_size, loader)
-  ds = shuffled(records(source, loader), seed, loader).map(example)
-  return train_batches(to_iter(ds, loader), batch_size, loader)
-
-
-def seq2seq_dataset(
-  source: Sequence,
-  tokenizer: Tokenizer,
-  *,
-  inputs_len: int,
-  targets_len: int,
-  batch_size: int,
-  train: bool,
-  source_key: str,
-  target_key: str,
-  seed: int = 0,
-  packed: bool = True,
-  source_name: str = "",
-  loader: Loader = Loader(),
-) -> grain.IterDataset:
-  """Encoder-decoder batches (keys inputs, inputs_segment_ids, inputs_positions, targets,
-  targets_segment_ids, targets_positions, weights); one shared tokenizer.
-
-  Training packs inputs and targets jointly (example k of a row is segment k on both
-  sides); evaluation keeps one pair per row so outputs can be decoded per example.
-  """
-  lengths = {"inputs": inputs_len, "targets": targets_len}
-  policy = loader.overlong if train else eval_policy(loader)
-  pair = features.Translation(
-    tokenizer, inputs_len, targets_len, source_key, target_key, policy, source_name
-  )
-  if not train:
-    rows = records(source, loader).map(pair).map(_Pad(lengths)).map(features.seq2seq_batch_features)
-    return eval_batches(rows, len(source), batch_size, loader)
-  ds = shuffled(records(source, loader), seed, loader).map(pair)
-  return _finish_examples(
-    ds, lengths, features.seq2seq_batch_features, batch_size, packed, seed, loader
-  )
+def batches(ds: grain.MapDataset | grain.IterDataset, total: int, b: Batching) -> grain.IterDataset:
+  """Batches of `b.rows` rows of `ds`: training batches, or evaluation batches of `ds`, this
+  host's share of `total` examples (`eval_batches`)."""
+  if not b.train:
+    return eval_batches(ds, total, b.rows, b.loader)
+  if isinstance(ds, grain.MapDataset):
+    ds = to_iter(ds, b.loader)
+  return train_batches(ds, b.rows, b.loader)

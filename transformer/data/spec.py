@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import grain
 import numpy as np
@@ -55,11 +54,9 @@ class DataContext:
   def label_key(self) -> str:
     return self.cfg.label_column if self.cfg.source == "tfds" else "label"
 
-  def common(self) -> dict[str, Any]:
-    return {"seed": self.seed, "loader": self.loader}
-
-  def text_common(self) -> dict[str, Any]:
-    return {**self.common(), "seq_len": self.seq_len, "source_name": self.splits.name}
+  def batching(self, train: bool, rows: int) -> pipeline.Batching:
+    """The `pipeline.Batching` of a split: `rows` per batch, this run's seed and loader."""
+    return pipeline.Batching(rows, train, self.seed, self.loader, self.cfg.packing)
 
 
 @dataclasses.dataclass(frozen=True)

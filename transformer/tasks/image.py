@@ -23,10 +23,10 @@ from transformer.tasks.labels import Classifying, labels_and_weights
 def image_batches(source: Sequence, image: features.Image, b: Batching) -> grain.IterDataset:
   """Batches of `image(record)` (keys image, label); augmented when training.
 
-  Training images of one shape that fit in `IN_MEMORY_IMAGE_BYTES` (and need no resizing)
-  are read once (`image_pipeline.in_memory_images`) and each batch is gathered, augmented
-  and normalised at once (`features.ImageBatch`): the same images in the same order as
-  record by record, without a record read and a transform per image.
+  Training images of one shape that fit in `image_pipeline.IN_MEMORY_IMAGE_BYTES` (and need
+  no resizing) are read once (`image_pipeline.in_memory_images`) and each batch is
+  gathered, augmented and normalised at once (`features.ImageBatch`): the same images in
+  the same order as record by record, without a record read and a transform per image.
   """
   if not b.train:
     return pipeline.batches(pipeline.examples(source, b).map(image), len(source), b)
