@@ -8,6 +8,7 @@ installed copy of configs/:
 
 Each function sets the fields its docstring names, on the ConfigDict (or its `model` /
 `data` block) it is given, and nothing else; what is specific to a recipe stays in it.
+`named_size`, `from_hf` and `plain_vit` start the recipe's config: they return one.
 """
 
 from __future__ import annotations
@@ -53,22 +54,18 @@ def from_hf(arg: str | None, default_dir: str) -> ConfigDict:
 
 
 def plain_vit(
-  m: ConfigDict,
-  *,
-  image_size: int,
-  num_channels: int,
-  patch_size: int,
-  width: int,
-  depth: int,
-  heads: int,
-) -> None:
-  """A small ViT trained from scratch as in Beyer et al. 2022 ("Better plain ViT
-  baselines"): 2-D sin-cos positions over the patch grid, global average pooling (no
-  [CLS] token), FFN 2 * width, no dropout (augmentation or the run's length regularise);
-  `max_len` is the patch count, the number of classes comes from the data."""
+  *, image_size: int, channels: int, patch_size: int, width: int, depth: int, heads: int
+) -> ConfigDict:
+  """`default_config()` with a small ViT trained from scratch as in Beyer et al. 2022
+  ("Better plain ViT baselines"): 2-D sin-cos positions over the patch grid, global
+  average pooling (no [CLS] token), FFN 2 * width, no dropout (augmentation or the run's
+  length regularise); `max_len` is the patch count, the number of classes comes from the
+  data."""
+  config = default_config()
+  m = config.model
   m.family = "vit"
   m.image_size = image_size
-  m.num_channels = num_channels
+  m.num_channels = channels
   m.patch_size = patch_size
   m.d_model = width
   m.num_heads = heads
@@ -79,18 +76,20 @@ def plain_vit(
   m.pooling = "mean"
   m.num_classes = 0
   m.dropout_rate = 0.0
+  return config
+
+
+def small_model(m: ConfigDict, family: str, num_layers: int) -> None:
+  """The toy size the shipped-data recipes share: `num_layers` blocks (per stack) of width
+  128, 4 heads, FFN 4 * 128; the vocabulary from the tokenizer."""
+  m.update(family=family, vocab_size=0, d_model=128, num_heads=4, num_layers=num_layers, d_ff=512)
 
 
 def nanogpt_char_model(m: ConfigDict) -> None:
   """nanoGPT's shakespeare_char model at its CPU size: a decoder of n_layer=4 blocks,
   n_head=4, n_embd=128 (FFN 4 * 128), block_size=64 learned positions (wpe), no dropout;
   the vocabulary from the character tokenizer."""
-  m.family = "decoder"
-  m.vocab_size = 0
-  m.d_model = 128
-  m.num_heads = 4
-  m.num_layers = 4
-  m.d_ff = 512
+  small_model(m, "decoder", 4)
   m.max_len = 64  # positions beyond the trained context would stay untrained
   m.position = "learned"
   m.dropout_rate = 0.0
@@ -100,12 +99,7 @@ def small_bible_encoder(m: ConfigDict) -> None:
   """The encoder of configs/mlm_bible.py (4 blocks of width 128, 4 heads, learned
   positions), which configs/classify_testament.py fine-tunes: the same shapes, so every
   pretrained tensor is copied. The vocabulary from the SentencePiece tokenizer."""
-  m.family = "encoder"
-  m.vocab_size = 0
-  m.d_model = 128
-  m.num_heads = 4
-  m.num_layers = 4
-  m.d_ff = 512
+  small_model(m, "encoder", 4)
   m.max_len = 128  # the position table: both recipes need the same rows to share it
   m.position = "learned"
 
@@ -115,13 +109,8 @@ def small_translation_model(m: ConfigDict) -> None:
   pretrains (a test checks they match): "Attention Is All You Need" at toy size, 3 + 3
   blocks of width 128, sinusoidal positions (Vaswani et al. 2017, 3.5), ReLU, one
   embedding for source, target and logits; the vocabulary from the shared tokenizer."""
-  m.family = "seq2seq"
-  m.vocab_size = 0
-  m.d_model = 128
-  m.num_heads = 4
-  m.num_layers = 3
+  small_model(m, "seq2seq", 3)
   m.num_decoder_layers = 3
-  m.d_ff = 512
   m.max_len = 96  # longest source / target (decoding included)
   m.position = "sinusoidal"
   m.norm_position = "pre"  # trains stably at a high learning rate
@@ -212,18 +201,32 @@ def bible_translation(d: ConfigDict) -> None:
 # --- optimisation and the run -------------------------------------------------------------
 
 
+def clipped_cosine(
+  config: ConfigDict,
+  warmup_steps: int,
+  final_fraction: float = 0.0,
+  *,
+  learning_rate: float | None = None,
+  b2: float | None = None,
+  eps: float | None = None,
+  weight_decay: float | None = None,
+) -> None:
+  """The recipes' usual optimisation: AdamW (betas (0.9, `b2`), `eps`, decoupled
+  `weight_decay`) with the update clipped to global norm 1.0, linear warmup over
+  `warmup_steps` to the peak `learning_rate`, then cosine decay to `final_fraction` of
+  it. A field given as None keeps its value: the default's, or what the recipe sets."""
+  adamw = {"b2": b2, "eps": eps, "weight_decay": weight_decay}
+  config.optimizer.update({k: v for k, v in adamw.items() if v is not None}, clip_norm=1.0)
+  config.schedule.update(kind="cosine", warmup_steps=warmup_steps, final_fraction=final_fraction)
+  if learning_rate is not None:
+    config.schedule.learning_rate = learning_rate
+
+
 def nanogpt_adamw(config: ConfigDict, learning_rate: float) -> None:
   """nanoGPT's shakespeare_char optimizer at peak `learning_rate`: AdamW betas (0.9,
-  0.99), eps 1e-8, weight decay 0.1, clipping at 1.0; 100 warmup steps, then cosine
-  decay to a tenth of the peak."""
-  config.optimizer.b2 = 0.99
-  config.optimizer.eps = 1e-8  # torch AdamW's default
-  config.optimizer.weight_decay = 0.1
-  config.optimizer.clip_norm = 1.0
-  config.schedule.kind = "cosine"
-  config.schedule.learning_rate = learning_rate
-  config.schedule.warmup_steps = 100
-  config.schedule.final_fraction = 0.1
+  0.99), eps 1e-8 (torch's default), weight decay 0.1, clipping at 1.0; 100 warmup steps,
+  then cosine decay to a tenth of the peak."""
+  clipped_cosine(config, 100, 0.1, learning_rate=learning_rate, b2=0.99, eps=1e-8, weight_decay=0.1)
 
 
 def bert_adam(config: ConfigDict) -> None:
@@ -255,12 +258,8 @@ def digits_run(config: ConfigDict) -> None:
   """The digits recipes' run: 300 updates of 64 images (about 13 epochs, seconds on a
   CPU), one evaluation on the whole test split and one checkpoint, both at the end; the
   most accurate checkpoint is kept."""
-  config.num_train_steps = 300
-  config.batch_size = 64
-  config.log_every = 50
-  config.eval_every = 0
-  config.eval_batches = 0
-  config.checkpoint_every = 300
+  config.update(num_train_steps=300, batch_size=64, log_every=50)
+  config.update(eval_every=0, eval_batches=0, checkpoint_every=300)
   keep_most_accurate(config)
 
 
@@ -270,14 +269,8 @@ def shakespeare_finetune_run(config: ConfigDict) -> None:
   first 20 then cosine decay to a tenth of the peak, clipping at 1.0; 20 evaluation
   batches of 32 windows and a checkpoint every 100 updates, 32 tokens sampled at the end."""
   config.data.eval_batch_size = 32
-  config.optimizer.clip_norm = 1.0
-  config.schedule.kind = "cosine"
-  config.schedule.warmup_steps = 20
-  config.schedule.final_fraction = 0.1
-  config.num_train_steps = 200
-  config.batch_size = 8
-  config.seq_len = 64
-  config.log_every = 20
+  clipped_cosine(config, 20, 0.1)
+  config.update(num_train_steps=200, batch_size=8, seq_len=64, log_every=20)
   evaluate_and_checkpoint(config, 100, batches=20)
   config.sample_tokens = 32
 
@@ -293,19 +286,22 @@ def testament_classification(config: ConfigDict) -> None:
   bible_testament_labels(config.data)
   config.data.eval_split = "test"
   config.data.eval_batch_size = 128
-  config.optimizer.eps = 1e-6
+  clipped_cosine(config, 60, eps=1e-6, weight_decay=0.01)
+  config.update(num_train_steps=600, batch_size=32, seq_len=64, log_every=100)
+  config.update(eval_batches=0, checkpoint_every=600, best_metric="")
+
+
+def span_corruption_pretraining(config: ConfigDict, every: int) -> None:
+  """T5's objective (Raffel et al. 2020; transformer/tasks/span_corruption.py) as the
+  span-corruption recipes pretrain with it: sentinels replace dropped spans and the targets
+  restore them, no dropout (T5.1.1; fine-tuning sets its own), decoupled weight decay 0.01
+  (not on norms or embeddings), 32 windows a batch, 20 evaluation batches and a checkpoint
+  every `every` updates."""
+  config.model.dropout_rate = 0.0
+  config.data.kind = "span_corruption"
   config.optimizer.weight_decay = 0.01
-  config.optimizer.clip_norm = 1.0
-  config.schedule.kind = "cosine"
-  config.schedule.warmup_steps = 60
-  config.schedule.final_fraction = 0.0
-  config.num_train_steps = 600
   config.batch_size = 32
-  config.seq_len = 64
-  config.log_every = 100
-  config.eval_batches = 0
-  config.checkpoint_every = 600
-  config.best_metric = ""
+  evaluate_and_checkpoint(config, every, batches=20)
 
 
 def short_translation_adamw(config: ConfigDict) -> None:
@@ -313,10 +309,4 @@ def short_translation_adamw(config: ConfigDict) -> None:
   pretrains it): AdamW betas (0.9, 0.98) and eps 1e-9 (Vaswani et al. 2017, 5.3),
   clipping at 1.0, and for a short run a cosine schedule in place of the paper's: peak
   2e-3 after 200 warmup steps, decay to 1e-4. The weight decay is the recipe's."""
-  config.optimizer.b2 = 0.98
-  config.optimizer.eps = 1e-9
-  config.optimizer.clip_norm = 1.0
-  config.schedule.kind = "cosine"
-  config.schedule.learning_rate = 2e-3
-  config.schedule.warmup_steps = 200
-  config.schedule.final_fraction = 0.05
+  clipped_cosine(config, 200, 0.05, learning_rate=2e-3, b2=0.98, eps=1e-9)

@@ -36,11 +36,7 @@ def get_config(arg=None):
   config.model.dropout_rate = 0.0  # ViT fine-tuning: no dropout
   common.sklearn_digits(config.data)
   config.data.image_size = 32  # resized to the checkpoint's image_size (make_tiny_hf's ViT)
-  config.optimizer.b2 = 0.999
-  config.optimizer.weight_decay = 0.01
-  config.optimizer.clip_norm = 1.0  # as ViT fine-tuning does
-  config.schedule.kind = "cosine"
-  config.schedule.learning_rate = 1e-3
-  config.schedule.warmup_steps = 30  # 10% of the updates
+  # Clipped as ViT fine-tuning does; warmup over 10% of the updates.
+  common.clipped_cosine(config, 30, learning_rate=1e-3, b2=0.999, weight_decay=0.01)
   common.digits_run(config)
   return config

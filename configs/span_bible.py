@@ -37,21 +37,16 @@ common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 def get_config(arg=None):
   del arg
   config = default_config()
-  m = config.model
-  common.small_translation_model(m)  # its vocabulary + the task's 100 sentinels
-  m.dropout_rate = 0.0  # pretraining without dropout (T5.1.1); fine-tuning sets its own
+  common.small_translation_model(config.model)  # its vocabulary + the task's 100 sentinels
+  common.span_corruption_pretraining(config, 1000)
   d = config.data
-  d.kind = "span_corruption"  # sentinels replace dropped spans; targets restore them
   common.bible_pairs(d)  # read as text of both languages
   d.windows = True  # one token stream: the English verses, then the Spanish ones
   common.bible_sentencepiece(d)  # the translation recipe's: trained on both columns
   d.target_seq_len = 24  # targets: 15% of a 105-token window, its 5 sentinels and EOS
   d.eval_batch_size = 64
   common.short_translation_adamw(config)
-  config.optimizer.weight_decay = 0.01  # decoupled, not on norms / embeddings
   config.num_train_steps = 3000
-  config.batch_size = 32  # windows
   config.seq_len = 96  # encoder input length S
   config.log_every = 250
-  common.evaluate_and_checkpoint(config, 1000, batches=20)
   return config

@@ -37,21 +37,14 @@ def get_config(arg=None):
   m.activation = "geglu"  # gated GELU (T5.1.1)
   m.use_bias = False  # T5 has no biases
   m.tie_embeddings = False  # T5.1.1 unties the logits
-  m.dropout_rate = 0.0  # pretraining without dropout (T5.1.1)
+  common.span_corruption_pretraining(config, 500)
   d = config.data
-  d.kind = "span_corruption"  # sentinels replace dropped spans; targets restore them
   common.shakespeare_text(d)
   d.tokenizer = "sentencepiece"  # subwords trained on the text
   d.vocab_size = 1024
   d.target_seq_len = 32  # targets: 15% of a ~140-token window plus sentinels and EOS
-  config.optimizer.weight_decay = 0.01  # decoupled, not on norms / embeddings
-  config.optimizer.clip_norm = 1.0
-  config.schedule.kind = "cosine"
-  config.schedule.learning_rate = 2e-3
-  config.schedule.warmup_steps = 100
+  common.clipped_cosine(config, 100, learning_rate=2e-3)
   config.num_train_steps = 1000
-  config.batch_size = 32  # windows
   config.seq_len = 128  # encoder input length S
   config.log_every = 100
-  common.evaluate_and_checkpoint(config, 500, batches=20)
   return config

@@ -24,7 +24,7 @@ def get_config(arg="B/16"):
   d = config.data
   common.image_classification(d, "tfds")
   d.path = "imagenet2012"  # ILSVRC-2012
-  d.image_size = 224  # images resized to 224 x 224
+  d.image_size = 224  # the ImageNet resolution of ViT and DeiT
   d.image_mean = (0.485, 0.456, 0.406)  # ImageNet channel means on [0, 1]
   d.image_std = (0.229, 0.224, 0.225)  # ImageNet channel stds on [0, 1]
   d.crop_padding = 16  # random crops after padding

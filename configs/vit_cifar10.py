@@ -14,18 +14,14 @@ machine (no network to prepare the data).
 from pathlib import Path
 
 from transformer.train.config_files import load_module
-from transformer.train.experiment import default_config
 
 common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
-  config = default_config()
   # 4 x 4 patches of RGB 32 x 32 images: 64 tokens; augmentation regularises (no dropout).
-  common.plain_vit(
-    config.model, image_size=32, num_channels=3, patch_size=4, width=256, depth=6, heads=8
-  )
+  config = common.plain_vit(image_size=32, channels=3, patch_size=4, width=256, depth=6, heads=8)
   d = config.data
   common.image_classification(d, "tfds")
   d.path = "cifar10"  # Krizhevsky 2009
@@ -33,16 +29,11 @@ def get_config(arg=None):
   d.image_std = (0.2470, 0.2435, 0.2616)  # CIFAR-10 training-set channel stds on [0, 1]
   d.eval_split = "test"  # the 10,000 test images
   d.crop_padding = 4  # random 32x32 crops of the 4-pixel padded image
-  d.horizontal_flip = True  # random left-right flips
+  d.horizontal_flip = True  # CIFAR's classes look the same mirrored
   d.eval_batch_size = 500
   config.label_smoothing = 0.1  # regularises the small-data regime
-  config.optimizer.b2 = 0.999
-  config.optimizer.weight_decay = 0.05
-  config.optimizer.clip_norm = 1.0
-  config.schedule.kind = "cosine"
-  config.schedule.learning_rate = 1e-3  # for batch 256
-  config.schedule.final_fraction = 0.0
-  config.schedule.warmup_steps = 1000  # ~5 epochs
+  # Peak 1e-3 for batch 256 after ~5 epochs of warmup, then decay to 0.
+  common.clipped_cosine(config, 1000, learning_rate=1e-3, b2=0.999, weight_decay=0.05)
   config.num_train_steps = 39_000  # 200 epochs of 195 batches
   config.batch_size = 256
   config.log_every = 500

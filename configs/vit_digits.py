@@ -15,24 +15,15 @@ dataset preparation included), test accuracy 91.9% (loss 0.326) on the 360 test 
 from pathlib import Path
 
 from transformer.train.config_files import load_module
-from transformer.train.experiment import default_config
 
 common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
 
 def get_config(arg=None):
   del arg
-  config = default_config()
   # 4 x 4 patches of the 8 x 8 digits: 4 tokens (2 x 2 patches overfit: 79% test accuracy).
-  common.plain_vit(
-    config.model, image_size=8, num_channels=1, patch_size=4, width=64, depth=2, heads=4
-  )
+  config = common.plain_vit(image_size=8, channels=1, patch_size=4, width=64, depth=2, heads=4)
   common.sklearn_digits(config.data)
-  config.optimizer.b2 = 0.99
-  config.optimizer.weight_decay = 0.01
-  config.optimizer.clip_norm = 1.0
-  config.schedule.kind = "cosine"
-  config.schedule.learning_rate = 3e-3
-  config.schedule.warmup_steps = 20
+  common.clipped_cosine(config, 20, learning_rate=3e-3, b2=0.99, weight_decay=0.01)
   common.digits_run(config)
   return config

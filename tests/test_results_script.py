@@ -36,6 +36,7 @@ def _load_script():
 
 
 results = _load_script()
+inputs = sys.modules["results_inputs"]  # what the script reads: the manifest, the workdirs
 
 
 @pytest.fixture(scope="module")
@@ -250,10 +251,10 @@ def test_pick_run_reports_the_last_completed_training_leg():
     {"status": "completed", "first_step": 301, "last_step": 800, "wall_seconds": 40.0},
     {"status": "completed", "first_step": None, "last_step": None, "wall_seconds": 9.0},
   ]
-  assert results.pick_run(legs) is legs[1]
-  assert results.pick_run(legs[:1]) is legs[0] and results.pick_run([]) is None
+  assert inputs.pick_run(legs) is legs[1]
+  assert inputs.pick_run(legs[:1]) is legs[0] and inputs.pick_run([]) is None
   lines = [{"step": 4, "split": "eval", "loss": 2.0}, {"step": 8, "split": "eval", "loss": 1.0}]
-  assert results.final_metrics([*lines, {"step": 9, "split": "train"}], "eval")["loss"] == 1.0
+  assert inputs.final_metrics([*lines, {"step": 9, "split": "train"}], "eval")["loss"] == 1.0
   assert (
     results.format_seconds(75.6) == "76 s" and results.format_seconds(828) == "828 s (13.8 min)"
   )

@@ -1,7 +1,8 @@
 """The two arms of a transfer experiment, fine-tuned from a pretrained run vs from scratch,
 as `low_label` and `span_transfer` both run them: one run's `--config.*` flags, its
-`result.json` (a finished run is read, not rerun), its final evaluation, the paired gaps
-over seeds, and the search of a learning-rate x steps grid (grown past an edge pick).
+folder and log line, its `result.json` (a finished run is read, not rerun), its final
+evaluation, the paired gaps over seeds and their table cell, and the search of a
+learning-rate x steps grid (grown past an edge pick).
 """
 
 from __future__ import annotations
@@ -48,6 +49,29 @@ def arm_overrides(
   return [f"--config.{k}={v}" for k, v in flags.items()]
 
 
+def run_arm(
+  train: Callable[..., Any],
+  workdir: Path,
+  arm: str,
+  examples: int,
+  seed: int,
+  pretrained: Any,
+  settings: Any,
+) -> Any:
+  """`train(arm, examples, seed, pretrained, run_dir, settings)`, an experiment's run (read
+  back when it finished before), in its folder `workdir/nN/ARM/SETTINGS/seedS`; prints the
+  result's line (its `scores()`, time and curve) and returns it."""
+  run_dir = workdir / f"n{examples}" / arm / settings.name / f"seed{seed}"
+  r = train(arm, examples, seed, pretrained, run_dir, settings)
+  curve = " ".join(f"{step}:{100 * a:.1f}" for step, a in r.curve)
+  print(
+    f"  N={r.examples} {r.arm} seed {r.seed} (lr {r.learning_rate:g}, {r.steps} steps):"
+    f" {r.scores()} in {r.seconds:.0f} s ({r.cpu_seconds:.0f} s CPU); curve {curve}",
+    flush=True,
+  )
+  return r
+
+
 def finished(run_dir: Path, overrides: list[str]) -> dict[str, Any] | None:
   """The result fields a finished run left in `run_dir/result.json` (its curve as tuples),
   or None; a run there with other `overrides` is an error."""
@@ -83,6 +107,15 @@ def paired_gaps(arms: dict[str, dict]) -> tuple[float, list[float]]:
   fine, scratch = (arms[a]["per_seed"] for a in ARMS)
   paired = [fine[seed] - scratch[seed] for seed in fine if seed in scratch]
   return arms["fine-tuned"]["mean"] - arms["scratch"]["mean"], paired
+
+
+def gap_cell(arm: str, entry: dict, scale: float, spec: str) -> str:
+  """The gap column of `arm`'s table row: on the fine-tuned row, when `entry` has one, the
+  gap of the means in bold and the per-seed gaps, each times `scale` in format `spec`."""
+  if arm != "fine-tuned" or "gap" not in entry:
+    return ""
+  per_seed = ", ".join(f"{scale * g:{spec}}" for g in entry["paired_gaps"])
+  return f"**{scale * entry['gap']:{spec}}** (per seed {per_seed})"
 
 
 def extended(values: list, chosen, integer: bool = False) -> list | None:

@@ -1,7 +1,8 @@
 """A character-level GPT on tiny shakespeare, trained in one compiled loop, for experiments.
 
 The experiments `ln_depth` and `extrapolation` train many small variants of the same
-model; this module gives them one honest, fast training function: the project's
+model (`sweep`: every variant and seed); this module gives them one honest, fast training
+function: the project's
 `DecoderLM`, AdamW with the project's weight-decay mask and clipping, and a warmup-cosine
 schedule, with the whole run compiled as one `jax.lax.scan` (batches are drawn inside it
 from random offsets of the training text, as nanoGPT does). The numbers it produces are
@@ -13,9 +14,11 @@ Letters: B batch, T context length, V vocabulary, N characters.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import functools
 import gzip
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +86,36 @@ class RunConfig:
   weight_decay: float = 0.1  # decoupled, not on biases / norms / embeddings
   clip_norm: float = 1.0  # global-norm clipping
   seed: int = 0  # parameters and batches
+
+
+def command_line(doc: str, steps: int) -> argparse.ArgumentParser:
+  """The flags the experiments share, described by the first line of `doc` (the
+  experiment's docstring): `--steps` (default `steps`) and `--eval_chars`."""
+  parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+  parser.add_argument("--steps", type=int, default=steps, help="updates per run")
+  parser.add_argument("--eval_chars", type=int, default=0, help="0 = whole validation split")
+  return parser
+
+
+def sweep(
+  variants: Sequence[str],
+  known: Collection[str],
+  what: str,
+  seeds: Sequence[int],
+  measure: Callable[[str, int], Any],
+) -> list:
+  """`measure(variant, seed)` (one run's result) for every variant, in order, and seed,
+  each printed as it comes. A variant not in `known` is a ValueError naming `what`, raised
+  before anything trains."""
+  for variant in variants:
+    if variant not in known:
+      raise ValueError(f"{what} must be one of {known}, got {variant!r}")
+  results = []
+  for variant in variants:
+    for seed in seeds:
+      results.append(measure(variant, seed))
+      print(f"  {results[-1]}", flush=True)
+  return results
 
 
 def train(model_config: ModelConfig, run: RunConfig, corpus: Corpus) -> tuple[dict, np.ndarray]:

@@ -18,7 +18,6 @@ and second half of the positions. Results: docs/RESEARCH.md.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 
@@ -51,30 +50,26 @@ def run(
   context: int = 64,
   eval_chars: int = 0,
   corpus: char_lm.Corpus | None = None,
-  verbose: bool = False,
 ) -> list[Result]:
-  """Trains one model per position encoding and evaluates it at 1x and 2x context."""
+  """Trains one model per position encoding and evaluates it at 1x and 2x context; prints
+  each result as it comes."""
   corpus = corpus or char_lm.load_corpus()
   validation = corpus.validation_head(eval_chars)
-  results = []
-  for position in positions:
-    if position not in POSITIONS:
-      raise ValueError(f"position must be one of {POSITIONS}, got {position!r}")
+
+  def measure(position: str, seed: int) -> Result:
     start = time.perf_counter()
     config = model_config(position, corpus.vocab_size, context)
     settings = char_lm.RunConfig(steps=steps, seq_len=context, seed=seed)
     params, _ = char_lm.train(config, settings, corpus)
     at_train = char_lm.evaluate(config, params, validation, context)  # [T]
     at_double = char_lm.evaluate(config, params, validation, 2 * context)  # [2T]
-    result = Result(
+    return Result(
       position, seed, float(at_train.mean()), float(at_double.mean()),
       float(at_double[:context].mean()), float(at_double[context:].mean()),
       time.perf_counter() - start,
     )  # fmt: skip
-    if verbose:
-      print(f"  {result}", flush=True)
-    results.append(result)
-  return results
+
+  return char_lm.sweep(positions, POSITIONS, "position", [seed], measure)
 
 
 def to_markdown(results: list[Result], context: int) -> str:
@@ -92,19 +87,17 @@ def to_markdown(results: list[Result], context: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--steps", type=int, default=2000, help="updates per variant")
+  parser = char_lm.command_line(__doc__, steps=2000)
   parser.add_argument("--context", type=int, default=64, help="training context length")
   parser.add_argument("--seed", type=int, default=0, help="parameters and batches")
   parser.add_argument("--positions", nargs="+", default=list(POSITIONS), choices=POSITIONS)
-  parser.add_argument("--eval_chars", type=int, default=0, help="0 = whole validation split")
   args = parser.parse_args(argv)
   print(
     f"extrapolation: {args.steps} steps of 12 x {args.context}, seed {args.seed}, evaluated"
     f" at {args.context} and {2 * args.context}",
     flush=True,
   )
-  results = run(args.positions, args.seed, args.steps, args.context, args.eval_chars, verbose=True)
+  results = run(args.positions, args.seed, args.steps, args.context, args.eval_chars)
   print(to_markdown(results, args.context))
   return results
 

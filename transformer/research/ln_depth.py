@@ -16,7 +16,6 @@ that learned only character frequencies) for scale. Results: docs/RESEARCH.md.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import time
 
@@ -63,35 +62,30 @@ def run(
   warmup: int = 200,
   eval_chars: int = 0,
   corpus: char_lm.Corpus | None = None,
-  verbose: bool = False,
   learning_rate: float = 1e-3,
 ) -> list[Result]:
-  """Trains every (variant, seed) pair; `eval_chars` 0 = the whole validation split."""
+  """Trains every (variant, seed) pair, printing each result as it comes; `eval_chars` 0 =
+  the whole validation split."""
   corpus = corpus or char_lm.load_corpus()
   validation = corpus.validation_head(eval_chars)
-  results = []
-  for variant in variants:
-    if variant not in VARIANTS:
-      raise ValueError(f"variant must be one of {list(VARIANTS)}, got {variant!r}")
+
+  def measure(variant: str, seed: int) -> Result:
+    start = time.perf_counter()
     norm, variant_warmup = VARIANTS[variant]
     config = model_config(norm, depth, d_model, corpus.vocab_size)
-    for seed in seeds:
-      start = time.perf_counter()
-      settings = char_lm.RunConfig(
-        steps=steps,
-        warmup_steps=warmup if variant_warmup is None else variant_warmup,
-        learning_rate=learning_rate,
-        seed=seed,
-      )
-      params, step_losses = char_lm.train(config, settings, corpus)
-      tail = step_losses[-max(1, steps // 10) :]
-      train_loss = float(tail.mean()) if np.all(np.isfinite(tail)) else float("nan")
-      validation_loss = float(char_lm.evaluate(config, params, validation, config.max_len).mean())
-      result = Result(variant, seed, train_loss, validation_loss, time.perf_counter() - start)
-      if verbose:
-        print(f"  {result}", flush=True)
-      results.append(result)
-  return results
+    settings = char_lm.RunConfig(
+      steps=steps,
+      warmup_steps=warmup if variant_warmup is None else variant_warmup,
+      learning_rate=learning_rate,
+      seed=seed,
+    )
+    params, step_losses = char_lm.train(config, settings, corpus)
+    tail = step_losses[-max(1, steps // 10) :]
+    train_loss = float(tail.mean()) if np.all(np.isfinite(tail)) else float("nan")
+    validation_loss = float(char_lm.evaluate(config, params, validation, config.max_len).mean())
+    return Result(variant, seed, train_loss, validation_loss, time.perf_counter() - start)
+
+  return char_lm.sweep(variants, list(VARIANTS), "variant", seeds, measure)
 
 
 def to_markdown(results: list[Result], unigram: float) -> str:
@@ -111,15 +105,13 @@ def to_markdown(results: list[Result], unigram: float) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = char_lm.command_line(__doc__, steps=1000)
   parser.add_argument("--depth", type=int, default=12, help="layers")
   parser.add_argument("--d_model", type=int, default=128, help="width (d_ff = 4 * d_model)")
-  parser.add_argument("--steps", type=int, default=1000, help="updates per run")
   parser.add_argument("--warmup", type=int, default=200, help="warmup of 'post-LN + warmup'")
   parser.add_argument("--learning_rate", type=float, default=1e-3, help="peak, cosine decay")
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-  parser.add_argument("--eval_chars", type=int, default=0, help="0 = whole validation split")
   args = parser.parse_args(argv)
   corpus = char_lm.load_corpus()
   print(
@@ -129,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
   )
   results = run(
     args.variants, args.seeds, args.depth, args.d_model, args.steps, args.warmup,
-    args.eval_chars, corpus, verbose=True, learning_rate=args.learning_rate,
+    args.eval_chars, corpus, learning_rate=args.learning_rate,
   )  # fmt: skip
   validation = corpus.validation_head(args.eval_chars)
   print(to_markdown(results, unigram_loss(corpus, validation[1:])))

@@ -66,9 +66,11 @@ from transformer.research.arms import (
   extended,  # noqa: F401  (low_label.extended: the grid rule of `search`)
   final_evaluations,
   finished,
+  gap_cell,
   grid_search,
   paired_gaps,
   record,
+  run_arm,
 )
 from transformer.research.runs import machine, mean_std, pretrain, train_process
 
@@ -120,6 +122,10 @@ class Result:
   curve: tuple[tuple[int, float], ...]  # (step, accuracy) at every evaluation
   seconds: float  # wall time of the run's process
   cpu_seconds: float  # its user + system CPU time
+
+  def scores(self) -> str:
+    """What the run's log line says of its final weights."""
+    return f"{self.split} accuracy {100 * self.accuracy:.2f}% (loss {self.loss:.3f})"
 
 
 def epochs(examples: int, steps: int, batch_size: int = BATCH_SIZE) -> float:
@@ -201,14 +207,11 @@ def to_markdown(summary: list[dict]) -> str:
   for entry in summary:
     for arm, stats in entry["arms"].items():
       seeds = ", ".join(f"{100 * a:.1f}" for _, a in sorted(stats["per_seed"].items()))
-      gap = ""
-      if arm == "fine-tuned" and "gap" in entry:
-        per_seed = ", ".join(f"{100 * g:+.1f}" for g in entry["paired_gaps"])
-        gap = f"**{100 * entry['gap']:+.1f}** (per seed {per_seed})"
       lines.append(
         f"| {entry['examples']:,} | {arm} | {stats['learning_rate']:g} "
         f"| {stats['steps']} ({stats['epochs']:.1f}) | {seeds} "
-        f"| {100 * stats['mean']:.1f} ± {100 * stats['std']:.1f} | {gap} |"
+        f"| {100 * stats['mean']:.1f} ± {100 * stats['std']:.1f} "
+        f"| {gap_cell(arm, entry, 100, '+.1f')} |"
       )
   return "\n".join(lines)
 
@@ -228,16 +231,6 @@ def search_markdown(searched: dict) -> str:
         f"| {settings.steps} ({epochs(n, settings.steps):.1f}) | {mark}{100 * accuracy:.1f}{mark} |"
       )
   return "\n".join(lines)
-
-
-def _report(r: Result) -> None:
-  curve = " ".join(f"{step}:{100 * a:.1f}" for step, a in r.curve)
-  print(
-    f"  N={r.examples} {r.arm} seed {r.seed} (lr {r.learning_rate:g}, {r.steps} steps):"
-    f" {r.split} accuracy {100 * r.accuracy:.2f}% (loss {r.loss:.3f}) in {r.seconds:.0f} s"
-    f" ({r.cpu_seconds:.0f} s CPU); curve {curve}",
-    flush=True,
-  )
 
 
 def search(
@@ -261,11 +254,8 @@ def search(
   runs = []
 
   def train(point: Settings, seed: int) -> float:
-    run_dir = workdir / "search" / f"n{examples}" / arm / point.name / f"seed{seed}"
-    r = classify(arm, examples, seed, encoder, run_dir, point)
-    _report(r)
-    runs.append(r)
-    return r.accuracy
+    runs.append(run_arm(classify, workdir / "search", arm, examples, seed, encoder, point))
+    return runs[-1].accuracy
 
   best, points = grid_search(
     train, Settings.search_point, learning_rates, steps, seeds, extend, f"N={examples} {arm}"
@@ -313,11 +303,7 @@ def run(
         searched[(n, arm)] = (point, points)
         chosen = dataclasses.replace(point, eval_every=settings.eval_every, eval_split="test")
         print(f"  N={n} {arm}: chose lr {chosen.learning_rate:g}, {chosen.steps} steps", flush=True)
-      for seed in seeds:
-        run_dir = workdir / f"n{n}" / arm / chosen.name / f"seed{seed}"
-        r = classify(arm, n, seed, encoder, run_dir, chosen)
-        _report(r)
-        results.append(r)
+      results += [run_arm(classify, workdir, arm, n, seed, encoder, chosen) for seed in seeds]
   return results, searched
 
 

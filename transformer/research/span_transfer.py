@@ -40,16 +40,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from transformer.research import low_label
-from transformer.research.arms import (
-  ARMS,
-  arm_overrides,
-  final_evaluations,
-  finished,
-  grid_search,
-  paired_gaps,
-  record,
-)
+from transformer.research import arms, low_label
 from transformer.research.runs import machine, mean_std, pretrain, train_process
 
 TRANSLATION = "configs/translate_en_es.py"
@@ -82,13 +73,18 @@ class Result:
   seconds: float  # wall time of the run's process
   cpu_seconds: float  # its user + system CPU time
 
+  def scores(self) -> str:
+    """What the run's log line says of its final weights."""
+    bleu = f"BLEU {self.bleu:.2f}, " if self.bleu is not None else ""
+    return f"{bleu}{self.split} token accuracy {100 * self.accuracy:.1f}% (NLL {self.nll:.3f})"
+
 
 def run_overrides(
   arm: str, examples: int, seed: int, pretrained: str, settings: Settings = Settings()
 ) -> list[str]:
   """The `--config.*` flags of one translate_en_es run (everything else: the recipe)."""
   bleu_every = settings.steps if settings.eval_split == "test" else 0  # final weights, test
-  return arm_overrides(arm, examples, seed, pretrained, settings, bleu_every=bleu_every)
+  return arms.arm_overrides(arm, examples, seed, pretrained, settings, bleu_every=bleu_every)
 
 
 def translate(
@@ -97,11 +93,11 @@ def translate(
   """One run in `run_dir`, or the `result.json` it left when it finished with these
   settings."""
   overrides = run_overrides(arm, examples, seed, str(pretrained), settings)
-  fields = finished(run_dir, overrides)
+  fields = arms.finished(run_dir, overrides)
   if fields is not None:
     return Result(**fields)
   wall, cpu = train_process(TRANSLATION, run_dir, overrides)
-  evals = final_evaluations(run_dir, settings.steps)
+  evals = arms.final_evaluations(run_dir, settings.steps)
   last = evals[-1]
   bleu = float(last["bleu"]) if settings.eval_split == "test" else None
   if settings.eval_split == "test" and "bleu" not in last:
@@ -111,7 +107,7 @@ def translate(
     float(last["accuracy"]), float(last["nll"]),
     tuple((int(e["step"]), float(e["accuracy"])) for e in evals), wall, cpu,
   )  # fmt: skip
-  record(run_dir, result, overrides)
+  arms.record(run_dir, result, overrides)
   return result
 
 
@@ -128,19 +124,17 @@ def search(
   best final token accuracy wins (the smaller learning rate and budget on a tie)."""
 
   def train(point: Settings, seed: int) -> float:
-    run_dir = workdir / "search" / f"n{examples}" / arm / point.name / f"seed{seed}"
-    r = translate(arm, examples, seed, pretrained, run_dir, point)
-    _report(r)
+    r = arms.run_arm(translate, workdir / "search", arm, examples, seed, pretrained, point)
     return r.accuracy
 
-  return grid_search(train, Settings.search_point, learning_rates, steps, [seed])
+  return arms.grid_search(train, Settings.search_point, learning_rates, steps, [seed])
 
 
 def summarize(results: list[Result]) -> dict:
   """Each arm's settings, BLEU per seed, mean and std; the gap of the means and the
   per-seed (paired) gaps."""
   out: dict = {"examples": results[0].examples if results else 0, "arms": {}}
-  for arm in ARMS:
+  for arm in arms.ARMS:
     runs = sorted((r for r in results if r.arm == arm), key=lambda r: r.seed)
     if runs:
       mean, std = mean_std([r.bleu for r in runs])
@@ -152,8 +146,8 @@ def summarize(results: list[Result]) -> dict:
         "mean": mean,
         "std": std,
       }
-  if len(out["arms"]) == len(ARMS):
-    out["gap"], out["paired_gaps"] = paired_gaps(out["arms"])
+  if len(out["arms"]) == len(arms.ARMS):
+    out["gap"], out["paired_gaps"] = arms.paired_gaps(out["arms"])
   return out
 
 
@@ -175,26 +169,12 @@ def to_markdown(summary: dict, searched: dict) -> str:
   for arm, stats in summary["arms"].items():
     bleu = ", ".join(f"{b:.2f}" for _, b in sorted(stats["per_seed"].items()))
     acc = ", ".join(f"{100 * a:.1f}" for _, a in sorted(stats["accuracy"].items()))
-    gap = ""
-    if arm == "fine-tuned" and "gap" in summary:
-      per_seed = ", ".join(f"{g:+.2f}" for g in summary["paired_gaps"])
-      gap = f"**{summary['gap']:+.2f}** (per seed {per_seed})"
     lines.append(
       f"| {summary['examples']:,} | {arm} | {stats['learning_rate']:g} | {stats['steps']} "
-      f"| {bleu} | {acc} | {stats['mean']:.2f} ± {stats['std']:.2f} | {gap} |"
+      f"| {bleu} | {acc} | {stats['mean']:.2f} ± {stats['std']:.2f} "
+      f"| {arms.gap_cell(arm, summary, 1, '+.2f')} |"
     )
   return "\n".join(lines)
-
-
-def _report(r: Result) -> None:
-  curve = " ".join(f"{step}:{100 * a:.1f}" for step, a in r.curve)
-  bleu = f"BLEU {r.bleu:.2f}, " if r.bleu is not None else ""
-  print(
-    f"  N={r.examples} {r.arm} seed {r.seed} (lr {r.learning_rate:g}, {r.steps} steps): {bleu}"
-    f"{r.split} token accuracy {100 * r.accuracy:.1f}% (NLL {r.nll:.3f}) in {r.seconds:.0f} s"
-    f" ({r.cpu_seconds:.0f} s CPU); curve {curve}",
-    flush=True,
-  )
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
@@ -207,7 +187,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
   parser.add_argument("--search_learning_rates", type=float, nargs="+", default=[5e-4, 2e-3])
   parser.add_argument("--search_steps", type=int, nargs="+", default=[600, 1200])
   parser.add_argument("--eval_every", type=int, default=300, help="token-accuracy curve interval")
-  parser.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
+  parser.add_argument("--arms", nargs="+", default=list(arms.ARMS), choices=list(arms.ARMS))
   args = parser.parse_args(argv)
   if args.examples < 1 or not args.seeds:
     raise ValueError(f"--examples must be >= 1 and --seeds non-empty, got {args}")
@@ -231,10 +211,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     chosen = dataclasses.replace(point, eval_every=args.eval_every, eval_split="test")
     print(f"  {arm}: chose lr {chosen.learning_rate:g}, {chosen.steps} steps", flush=True)
     for seed in args.seeds:
-      run_dir = workdir / f"n{args.examples}" / arm / chosen.name / f"seed{seed}"
-      r = translate(arm, args.examples, seed, pretrained, run_dir, chosen)
-      _report(r)
-      results.append(r)
+      results.append(arms.run_arm(translate, workdir, arm, args.examples, seed, pretrained, chosen))
   summary = summarize(results)
   table = to_markdown(summary, searched)
   wall = time.perf_counter() - start
