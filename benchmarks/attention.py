@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer.nn.config import ModelConfig
+from transformer.nn.kernel_rules import AttentionOptions
 from transformer.nn.kernels import dot_product_attention
 from transformer.nn.masks import MaskInfo
 from transformer.nn.positions import position_for
@@ -93,9 +94,7 @@ def bias_setup(position: str, b: int, n: int, h: int, info: MaskInfo):
 def make_fns(impl: str, chunk_size: int, module: nn.Module | None):
   def forward(q, k, v, info, params, table):
     bias = None if module is None else module.apply({"params": params}, info, table)
-    out = dot_product_attention(
-      q, k, v, mask_info=info, bias=bias, impl=impl, chunk_size=chunk_size
-    )
+    out = dot_product_attention(q, k, v, info, AttentionOptions(impl, chunk_size), bias=bias)
     return out
 
   def loss(q, k, v, info, params, table):

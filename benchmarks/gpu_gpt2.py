@@ -147,7 +147,7 @@ def attention_and_grads(impl: str, arrays, info, cotangent, dtype):
   def f(*arrays):
     q, k, v, *bias = (a.astype(dtype) for a in arrays)
     out = kernels.dot_product_attention(
-      q, k, v, mask_info=info, bias=bias[0] if bias else None, impl=impl
+      q, k, v, info, kernel_rules.AttentionOptions(impl), bias=bias[0] if bias else None
     )
     return out.astype(jnp.float32)
 

@@ -13,6 +13,7 @@ import torch
 
 from transformer.nn import masks
 from transformer.nn.attention import MultiHeadAttention
+from transformer.nn.kernel_rules import AttentionOptions
 from transformer.nn.kernels import dot_product_attention
 from transformer.nn.masks import MaskInfo
 from transformer.ops import causal_blocks
@@ -36,7 +37,7 @@ def _all_impls(chunk_size):
   def run(q, k, v, mask, info, bias):
     return {
       impl: dot_product_attention(
-        q, k, v, mask=mask, mask_info=info, bias=bias, impl=impl, chunk_size=chunk_size
+        q, k, v, info, AttentionOptions(impl, chunk_size), mask=mask, bias=bias
       )
       for impl in IMPLS
     }
@@ -122,7 +123,7 @@ def test_gradients_of_every_impl_match_float64_autograd():
   def grads(q, k, v, bias):
     def loss(impl, *args):
       out = dot_product_attention(
-        *args[:3], mask=dense, mask_info=info, bias=args[3], impl=impl, chunk_size=3
+        *args[:3], info, AttentionOptions(impl, chunk_size=3), mask=dense, bias=args[3]
       )
       return jnp.sum(out * cotangent)
 
@@ -191,7 +192,7 @@ def test_causal_query_blocks_dropout_is_unbiased_and_reproducible():
 
   def f(rng):
     return dot_product_attention(
-      q, k, v, mask_info=info, dropout_rate=0.5, dropout_rng=rng, deterministic=False
+      q, k, v, info, AttentionOptions(dropout_rate=0.5), dropout_rng=rng, deterministic=False
     )
 
   keys = jax.random.split(jax.random.PRNGKey(0), 400)
@@ -282,9 +283,9 @@ def test_dot_product_attention_rejects_bad_arguments():
   with pytest.raises(ValueError, match="multiple of kv heads"):
     dot_product_attention(q, k, v)
   with pytest.raises(ValueError, match="unknown attention impl"):
-    dot_product_attention(q, q, q, impl="flash")
+    dot_product_attention(q, q, q, options=AttentionOptions(impl="flash"))
   with pytest.raises(ValueError, match="dropout_rng"):
-    dot_product_attention(q, q, q, dropout_rate=0.5, deterministic=False)
+    dot_product_attention(q, q, q, options=AttentionOptions(dropout_rate=0.5), deterministic=False)
 
 
 def test_attention_dropout_is_reproducible_and_off_when_deterministic():
@@ -292,7 +293,7 @@ def test_attention_dropout_is_reproducible_and_off_when_deterministic():
 
   @jax.jit
   def run(rng):
-    kw = dict(dropout_rate=0.5, dropout_rng=rng)
+    kw = dict(options=AttentionOptions(dropout_rate=0.5), dropout_rng=rng)
     off = dot_product_attention(q, k, v, deterministic=True, **kw)
     on, weights = dot_product_attention(q, k, v, deterministic=False, return_weights=True, **kw)
     return off, on, weights
@@ -433,7 +434,7 @@ def _temp_bytes(impl, t, grad):
   info = MaskInfo(pos, pos, causal=True)
 
   def f(q, k, v):
-    return dot_product_attention(q, k, v, mask_info=info, impl=impl, chunk_size=128).sum()
+    return dot_product_attention(q, k, v, info, AttentionOptions(impl, chunk_size=128)).sum()
 
   f = jax.grad(f, argnums=(0, 1, 2)) if grad else f
   return jax.jit(f).lower(q, q, q).compile().memory_analysis().temp_size_in_bytes

@@ -53,7 +53,7 @@ def _forward_and_grads(impl, qkv, cotangent, info, mesh=None):
 
   def attend(q, k, v):
     return kernels.dot_product_attention(
-      q, k, v, mask_info=info, impl=impl, splash_blocks=(128, 128)
+      q, k, v, info, kernel_rules.AttentionOptions(impl, splash_blocks=(128, 128))
     )
 
   def run(q, k, v):
@@ -111,7 +111,7 @@ def test_splash_runs_per_shard_under_a_mesh_and_matches_xla(interpret):
   def attend(q, k, v):
     with partitioning.activation_layout(mesh):
       return kernels.dot_product_attention(
-        q, k, v, mask_info=info, impl="splash", splash_blocks=(128, 128)
+        q, k, v, info, kernel_rules.AttentionOptions("splash", splash_blocks=(128, 128))
       )
 
   jaxpr = jax.make_jaxpr(attend)(*qkv)
@@ -184,6 +184,9 @@ def test_auto_is_the_default_and_exactly_xla_on_the_cpu():
   assert ModelConfig().attention_impl == "auto"
   assert kernel_rules.resolve_attention_impl(ModelConfig())[0] == "xla"
   assert kernel_rules.resolve_attention_impl(ModelConfig(attention_impl="chunked"))[0] == "chunked"
+  assert kernel_rules.attention_options(ModelConfig()).impl == "xla"
+  with pytest.raises(ValueError, match="'auto' names no kernel"):
+    kernel_rules.AttentionOptions("auto")
   for overrides in (
     dict(position="rope", num_kv_heads=2),
     dict(position="alibi", attention_dropout_rate=0.1, dtype="bfloat16"),
@@ -210,7 +213,8 @@ def test_cudnn_without_a_gpu_is_a_one_line_error_before_compiling(tmp_path):
     "backend is cpu",
   )
   q = jnp.zeros((1, 8, 4, 32), jnp.bfloat16)
-  _one_line_error(lambda: kernels.dot_product_attention(q, q, q, impl="cudnn"), "NVIDIA GPU")
+  cudnn = kernel_rules.AttentionOptions("cudnn")
+  _one_line_error(lambda: kernels.dot_product_attention(q, q, q, None, cudnn), "NVIDIA GPU")
   config = tiny_lm_config.get_config()
   config.model.update(attention_impl="cudnn", dtype="bfloat16")
   _one_line_error(lambda: loop.train_and_evaluate(config, str(tmp_path)), "NVIDIA GPU")

@@ -11,10 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import reference_numpy as ref
+from conftest import reference_self_attention
 
 from transformer.nn.attention import MultiHeadAttention
 from transformer.nn.config import ModelConfig
+from transformer.nn.kernel_rules import AttentionOptions
 from transformer.nn.kernels import dot_product_attention
 from transformer.nn.masks import BlockBias, MaskInfo
 from transformer.nn.models import DecoderLM
@@ -73,19 +74,7 @@ def test_chunked_position_bias_equals_xla_in_values_and_gradients(tiny_config, r
 
   got = run(params, x, table)
   (grads_xla, out_xla), (grads_chunked, out_chunked) = got["xla"], got["chunked"]
-  idx = np.arange(t)
-  mask = ref.reference_mask(idx, idx, causal, window, seg, seg)
-  expected = ref.multi_head_attention(
-    ref.to_numpy(params),
-    x.astype(np.float64),
-    None,
-    c,
-    mask,
-    positions,
-    positions,
-    causal,
-    None if table is None else table.astype(np.float64),
-  )
+  expected = reference_self_attention(params, x, c, seg, positions, causal, window, table)
   np.testing.assert_allclose(out_xla, expected, **TOL)
   np.testing.assert_allclose(out_chunked, out_xla, **TOL)
   flat_xla = jax.tree_util.tree_flatten_with_path(grads_xla)[0]  # params, x (, T5 table)
@@ -161,7 +150,7 @@ def _temp_bytes(position, impl, t, grad):
 
   def f(q, k, v, params, table):
     bias = module.apply({"params": params}, info, table)
-    out = dot_product_attention(q, k, v, mask_info=info, bias=bias, impl=impl, chunk_size=128)
+    out = dot_product_attention(q, k, v, info, AttentionOptions(impl, chunk_size=128), bias=bias)
     return out.sum()
 
   f = jax.grad(f, argnums=(0, 1, 2, 3, 4)) if grad else f
@@ -194,4 +183,4 @@ def test_block_bias_without_mask_info_is_refused():
   bias = BlockBias(lambda params, q, qp, kp: jnp.zeros((1, 2, qp.shape[1], kp.shape[1])))
   for impl in ("xla", "chunked"):
     with pytest.raises(ValueError, match="BlockBias needs mask_info"):
-      dot_product_attention(q, q, q, bias=bias, impl=impl)
+      dot_product_attention(q, q, q, options=AttentionOptions(impl), bias=bias)

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import reference_numpy as ref
 
+from transformer.nn.kernel_rules import AttentionOptions
 from transformer.nn.kernels import dot_product_attention
 from transformer.nn.masks import MaskInfo, prefix_lm_mask
 from transformer.nn.models import DecoderLM
@@ -52,7 +53,7 @@ def test_every_impl_matches_the_float64_reference_with_a_prefix():
 
   @jax.jit
   def run(q, k, v):
-    return {i: dot_product_attention(q, k, v, mask_info=info, impl=i, chunk_size=4) for i in IMPLS}
+    return {i: dot_product_attention(q, k, v, info, AttentionOptions(i, 4)) for i in IMPLS}
 
   outs = run(q, k, v)
   mask = ref.prefix_lm_mask(PREFIX, SEGMENTS)
@@ -81,8 +82,8 @@ def test_an_all_false_prefix_is_plain_causal_attention_bit_for_bit():
   plain = MaskInfo.create(jnp.asarray(SEGMENTS), causal=True)
   empty = MaskInfo.create(jnp.asarray(SEGMENTS), causal=True, prefix=jnp.zeros((2, 9), bool))
   for impl in IMPLS:
-    a = dot_product_attention(q, k, v, mask_info=plain, impl=impl, chunk_size=4)
-    b = dot_product_attention(q, k, v, mask_info=empty, impl=impl, chunk_size=4)
+    a = dot_product_attention(q, k, v, plain, AttentionOptions(impl, chunk_size=4))
+    b = dot_product_attention(q, k, v, empty, AttentionOptions(impl, chunk_size=4))
     np.testing.assert_array_equal(a, b, err_msg=impl)
 
 

@@ -18,6 +18,7 @@ from jax import lax
 
 from transformer.nn import cache_attention
 from transformer.nn.config import ModelConfig
+from transformer.nn.kernel_rules import attention_options
 from transformer.nn.kernels import dot_product_attention
 from transformer.nn.layers import make_dense_general
 from transformer.nn.masks import MaskInfo
@@ -106,17 +107,12 @@ class MultiHeadAttention(nn.Module):
         q,
         k,
         v,
-        mask_info=info,
+        info,
+        attention_options(c),  # built once per config, 'auto' resolved for this backend
         bias=bias,
-        dropout_rate=c.attention_dropout_rate,
         dropout_rng=dropout_rng,
         deterministic=deterministic,
-        impl=c.attention_impl,
-        chunk_size=c.attention_chunk_size,
         return_weights=return_weights,
-        ops=c.ops,
-        scale=c.attention_scale,
-        splash_blocks=(c.splash_block_q, c.splash_block_kv),
       )
     out, weights = result if return_weights else (result, None)
     if return_weights:

@@ -1,5 +1,7 @@
-"""Which attention kernel runs: the implementation names, what the fused kernels accept,
-and how 'auto' resolves, once per run (`resolve_attention_impl`) and per call (`call_impl`).
+"""Which attention kernel runs: the static options of a model's attention
+(`AttentionOptions`), what the fused kernels accept, how 'auto' resolves (one rule,
+`resolve_attention_impl`, applied once per config by `attention_options`), and which kernel
+one call runs (`call_impl`: a fused kernel's fallbacks to 'xla').
 
 Kernel rules live here, beside the kernels (`kernels.py`), rather than in the model
 config: the config checks field values only, and a run checks these rules at its start.
@@ -7,17 +9,62 @@ config: the config checks field values only, and a run checks these rules at its
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 
 from transformer.nn import splash
-from transformer.nn.config import ModelConfig
+from transformer.nn.config import ATTENTION_IMPLS, ModelConfig
 from transformer.nn.masks import MaskInfo
 from transformer.nn.positions import POSITIONS, Position
 
 CUDNN_DTYPES = ("bfloat16", "float16")  # cuDNN fused attention has no float32 kernels
 CUDNN_MAX_HEAD_DIM = 256  # Hopper and later (128 before; checked where a run starts)
 FUSED = ("cudnn", "splash")  # the kernels a backend must provide
+KERNELS = tuple(impl for impl in ATTENTION_IMPLS if impl != "auto")  # what a call can run
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionOptions:
+  """How a model's attention computes, the same for every call: the kernel and its
+  settings. What varies per call (masks, logit bias, dropout key, deterministic) is
+  `kernels.dot_product_attention`'s arguments. `impl` is never 'auto': a config's 'auto'
+  is resolved by `attention_options`.
+  """
+
+  impl: str = "xla"  # xla | jax | chunked | cudnn | splash (`kernels.py` says what each takes)
+  chunk_size: int = 512  # query/key block size of 'chunked'
+  scale: float | None = None  # score multiplier; None = H**-0.5 (T5: 1.0, unscaled)
+  dropout_rate: float = 0.0  # dropout on the attention weights, in calls not deterministic
+  ops: str = "fast"  # fast | plain (`transformer.ops`): dropout masks, causal query blocks
+  splash_blocks: tuple[int, int] = (512, 512)  # (query, key) blocks of 'splash', multiples of 128
+
+  def __post_init__(self):
+    if self.impl == "auto":
+      raise ValueError(
+        "attention impl 'auto' names no kernel; attention_options(config)"
+        " resolves it for this backend"
+      )
+    if self.impl not in KERNELS:
+      known = ", ".join(KERNELS)
+      raise ValueError(f"unknown attention impl {self.impl!r}; expected one of {known}")
+
+
+@functools.cache
+def attention_options(config: ModelConfig) -> AttentionOptions:
+  """The attention options of `config`'s model on this backend ('auto' resolved by
+  `resolve_attention_impl`), built once per config."""
+  impl, _ = resolve_attention_impl(config)
+  return AttentionOptions(
+    impl=impl,
+    chunk_size=config.attention_chunk_size,
+    scale=config.attention_scale,
+    dropout_rate=config.attention_dropout_rate,
+    ops=config.ops,
+    splash_blocks=(config.splash_block_q, config.splash_block_kv),
+  )
 
 
 def fused_attention_problem(c: ModelConfig, impl: str) -> str | None:
@@ -48,7 +95,8 @@ def adds_logit_bias(c: ModelConfig) -> bool:
 
 
 def resolve_attention_impl(config: ModelConfig) -> tuple[str, str]:
-  """The implementation a run of `config` uses on this backend, and why (a line to print).
+  """The implementation `config`'s model uses on this backend, and why (a line to print):
+  the one rule for 'auto', applied by `attention_options` and where a run starts.
 
   'auto' becomes 'cudnn' on an NVIDIA GPU and 'splash' on a TPU where the config allows
   it (`config.fused_attention_problem`; on the GPU also no logit bias, which cuDNN would
@@ -78,21 +126,12 @@ def resolve_attention_impl(config: ModelConfig) -> tuple[str, str]:
 
 
 def call_impl(impl, q, k, mask, mask_info, bias, use_dropout, return_weights) -> str:
-  """The implementation this call runs: 'auto' resolved for the call, a fused kernel's
-  missing backend or unsupported input refused in one line, and its fallbacks to 'xla'
-  (weights requested, cached decoding; for splash also a dense mask or a prefix)."""
-  platform = jax.default_backend()
-  if impl == "auto":
-    fused = {"gpu": "cudnn", "tpu": "splash"}.get(platform)
-    usable = fused is not None and not (fused == "cudnn" and bias is not None)
-    usable = usable and _backend_problem(fused, platform, q.shape[-1]) is None
-    if usable and _input_problem(fused, q, bias, use_dropout) is None:
-      impl = fused
-    else:
-      return "xla"
+  """The implementation this call runs: `impl` (never 'auto'), a fused kernel's missing
+  backend or unsupported input refused in one line, and its fallbacks to 'xla' (weights
+  requested, cached decoding; for splash also a dense mask or a prefix)."""
   if impl not in FUSED:
     return impl
-  problem = _backend_problem(impl, platform, q.shape[-1]) or _input_problem(
+  problem = _backend_problem(impl, jax.default_backend(), q.shape[-1]) or _input_problem(
     impl, q, bias, use_dropout
   )
   if problem:

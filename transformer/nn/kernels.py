@@ -21,9 +21,9 @@ broadcastable to [B, N, T, S]:
              <= 256 (128 before Hopper), any logit bias (in the compute dtype).
   'splash'   the Pallas splash kernel on TPUs (`splash.py`): causal, windows, segment ids,
              MHA / GQA / MQA, sharded per device under a mesh; no logit bias.
-  'auto'     per call: 'cudnn' on an NVIDIA GPU, 'splash' on a TPU, where the call
-             allows it (on the GPU also no logit bias), else 'xla'; on the CPU 'xla'.
-             Runs resolve it once at start (`kernel_rules.resolve_attention_impl`).
+
+A config's 'auto' never reaches this module: `kernel_rules.attention_options` resolves it
+once per config, to the backend's best kernel that the config allows.
 
 Neither fused kernel has attention dropout (refused in one line, as is a missing GPU or
 TPU, or an input the kernel rejects). Both use 'xla' where they cannot apply: weights
@@ -44,8 +44,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from transformer.nn import splash
-from transformer.nn.config import ATTENTION_IMPLS
-from transformer.nn.kernel_rules import call_impl
+from transformer.nn.kernel_rules import AttentionOptions, call_impl
 from transformer.nn.masks import BlockBias, MaskInfo, combine_masks
 from transformer.ops import select
 from transformer.ops.causal_blocks import causal_block_attention, slice_broadcast
@@ -58,54 +57,44 @@ def dot_product_attention(
   q: jax.Array,
   k: jax.Array,
   v: jax.Array,
+  mask_info: MaskInfo | None = None,
+  options: AttentionOptions = AttentionOptions(),
   *,
   mask: jax.Array | None = None,
-  mask_info: MaskInfo | None = None,
   bias: jax.Array | BlockBias | None = None,
-  dropout_rate: float = 0.0,
   dropout_rng: jax.Array | None = None,
   deterministic: bool = True,
-  impl: str = "xla",
-  chunk_size: int = 512,
   return_weights: bool = False,
-  ops: str = "fast",
-  scale: float | None = None,
-  splash_blocks: tuple[int, int] = (512, 512),
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-  """softmax(scale * q k^T + bias, masked) v, scale = 1 / sqrt(H) unless given.
+  """softmax(scale * q k^T + bias, masked) v, scale = 1 / sqrt(H) unless options.scale.
 
   Args:
     q: [B, T, N, H]; k, v: [B, S, K, H] with N % K == 0.
-    mask: optional bool, broadcastable to [B, N, T, S], True = attend.
-    mask_info: optional factored mask (AND-ed with `mask`); the chunked path builds it
-      block by block.
+    mask_info: optional factored mask; the chunked path builds it block by block.
+    options: the kernel and its settings (`kernel_rules.AttentionOptions`; the module
+      docstring says what each kernel supports and where it uses 'xla' instead).
+    mask: optional bool, broadcastable to [B, N, T, S], True = attend (AND-ed with
+      `mask_info`).
     bias: optional float additive bias broadcastable to [B, N, T, S], or a `BlockBias`
       (position biases) that the chunked path builds block by block at the `mask_info`
       positions and the others build whole.
-    dropout_rate, dropout_rng, deterministic: dropout on the attention weights.
-    impl: 'xla' | 'jax' | 'chunked' | 'cudnn' | 'splash' | 'auto' (the module docstring
-      says what each supports and where it uses 'xla' instead).
+    dropout_rng, deterministic: dropout at `options.dropout_rate` on the attention
+      weights, unless deterministic.
     return_weights: also return the weights [B, N, T, S] (computed by 'xla').
-    ops: 'fast' | 'plain' kernels (`transformer.ops`): dropout masks, causal query blocks.
-    scale: the score multiplier; None = H**-0.5 (T5 uses 1.0).
-    splash_blocks: (query, key) block sizes of 'splash', multiples of 128.
   Returns:
     [B, T, N, H] in q's dtype (and the float32 weights if asked).
   """
   if q.shape[2] % k.shape[2]:
     raise ValueError(f"query heads {q.shape[2]} must be a multiple of kv heads {k.shape[2]}")
-  if impl not in ATTENTION_IMPLS:
-    known = ", ".join(ATTENTION_IMPLS)
-    raise ValueError(f"unknown attention impl {impl!r}; expected one of {known}")
-  use_dropout = dropout_rate > 0.0 and not deterministic
+  use_dropout = options.dropout_rate > 0.0 and not deterministic
   if use_dropout and dropout_rng is None:
     raise ValueError("attention dropout needs a dropout_rng")
-  kernels = select(ops)
-  rate = dropout_rate if use_dropout else 0.0
-  scale = q.shape[-1] ** -0.5 if scale is None else scale
-  impl = call_impl(impl, q, k, mask, mask_info, bias, use_dropout, return_weights)
+  kernels = select(options.ops)
+  rate = options.dropout_rate if use_dropout else 0.0
+  scale = q.shape[-1] ** -0.5 if options.scale is None else options.scale
+  impl = call_impl(options.impl, q, k, mask, mask_info, bias, use_dropout, return_weights)
   if impl == "splash":
-    block_q, block_kv = splash_blocks
+    block_q, block_kv = options.splash_blocks
     return splash.splash_attention(
       q, k, v, mask_info, scale=scale, block_q=block_q, block_kv=block_kv
     )
@@ -114,8 +103,9 @@ def dot_product_attention(
   if impl == "cudnn":
     return _cudnn_attention(q, k, v, mask, mask_info, bias, scale)
   if impl == "chunked" and not return_weights:
+    chunk = options.chunk_size
     return _chunked_attention(
-      q, k, v, mask, mask_info, bias, rate, dropout_rng, chunk_size, scale, kernels.bernoulli
+      q, k, v, mask, mask_info, bias, rate, dropout_rng, chunk, scale, kernels.bernoulli
     )
   if mask_info is not None:
     mask = combine_masks(mask, mask_info.block_mask())

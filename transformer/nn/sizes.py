@@ -55,6 +55,22 @@ _GPT2 = dict(
   dropout_rate=0.1,
   attention_dropout_rate=0.1,
 )
+# Dosovitskiy et al. 2021, Table 1 (B, L); Touvron et al. 2021, Table 1 (Ti, S).
+# ImageNet at 224 px, 1000 classes, [CLS] pooling, learned positions.
+_VIT = dict(
+  family="vit",
+  image_size=224,
+  num_classes=1000,
+  position="learned",
+  activation="gelu",
+  norm_eps=1e-6,
+  pooling="cls",
+)
+
+
+def _patches(patch: int) -> dict[str, int]:
+  return dict(patch_size=patch, max_len=(_VIT["image_size"] // patch) ** 2 + 1)  # + [CLS]
+
 
 # Named sizes. Each entry overrides ModelConfig defaults; the source is cited above.
 NAMED_SIZES: dict[str, dict[str, Any]] = {
@@ -65,24 +81,8 @@ NAMED_SIZES: dict[str, dict[str, Any]] = {
   "gpt2_small": {**_GPT2, **_shape(768, 12, 12, 3072)},
   "gpt2_medium": {**_GPT2, **_shape(1024, 16, 24, 4096)},
   "gpt2_large": {**_GPT2, **_shape(1280, 20, 36, 5120)},
-  # Dosovitskiy et al. 2021, Table 1 (B, L); Touvron et al. 2021, Table 1 (Ti, S).
-  # ImageNet at 224 px, 1000 classes, [CLS] pooling, learned positions.
   **{
-    f"vit_{name}/{patch}": dict(
-      family="vit",
-      d_model=d,
-      num_heads=n,
-      num_layers=l,
-      d_ff=f,
-      image_size=224,
-      patch_size=patch,
-      num_classes=1000,
-      max_len=(224 // patch) ** 2 + 1,
-      position="learned",
-      activation="gelu",
-      norm_eps=1e-6,
-      pooling="cls",
-    )
+    f"vit_{name}/{patch}": {**_VIT, **_shape(d, n, l, f), **_patches(patch)}
     for name, d, n, l, f in (
       ("ti", 192, 3, 12, 768),
       ("s", 384, 6, 12, 1536),

@@ -18,7 +18,7 @@ flax method interceptor that calls every `MultiHeadAttention` with `return_weigh
 so each one sows its float32 weights into the 'intermediates' collection. The models'
 code path is untouched (nothing is computed unless asked); weights are always computed by
 the 'xla' implementation, whatever `config.attention_impl` says (see
-`attention.dot_product_attention`). Works for every family, scanned or unrolled layers,
+`kernels.dot_product_attention`). Works for every family, scanned or unrolled layers,
 self- and cross-attention.
 
 `analyze(workdir)` does all this for a trained run (`python eval.py --workdir DIR --analyze`).
