@@ -5,8 +5,8 @@ the command (`python train.py`, `transformer-train`), at the end. Copy this file
   data, model, optimizer, compiled steps) -> restore the latest checkpoint (train state +
   data position) or load `init_from` -> for each update: next batch, `train_step`, then
   the periodic actions (`train/actions.py`: log, evaluate, save) -> curves PNG and the
-  evaluators that run at the end (an LM's sample). Rerunning the command continues an interrupted run
-  exactly.
+  evaluators that run at the end (an LM's sample). Rerunning the command continues an
+  interrupted run exactly.
 
 Faults (docs/RELIABILITY.md) are the business of one `RunGuard` (`train/guard/`), entered
 once and asked questions: a killed run resumes bit-exactly from its latest checkpoint;
