@@ -54,7 +54,6 @@ import errno
 import os
 import re
 import signal
-import socket
 import sys
 import tempfile
 import time
@@ -79,31 +78,13 @@ def parse_args() -> argparse.Namespace:
   return p.parse_args()
 
 
-def _two_processes(workdir: str, env: dict[str, str]) -> list[fh.Run]:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  return [
-    fh.Run(
-      fh.train_command(workdir, *fh.KILL_RUN),
-      dict(
-        env,
-        TRANSFORMER_COORDINATOR=f"127.0.0.1:{port}",
-        TRANSFORMER_NUM_PROCESSES="2",
-        TRANSFORMER_PROCESS_ID=str(i),
-      ),
-    )
-    for i in range(2)
-  ]
-
-
 def multihost_preemption(root: str, env: dict[str, str], delay: float) -> bool:
   """SIGTERM to process 1 of 2; both must save the same step, exit 0, and resume exactly."""
   ref_dir, run_dir = os.path.join(root, "mh_reference"), os.path.join(root, "mh_preempted")
-  if any(r.wait() for r in _two_processes(ref_dir, env)):
+  if any(r.wait() for r in fh.processes(2, ref_dir, env, *fh.KILL_RUN)):
     print("the uninterrupted 2-process run failed")
     return False
-  runs = _two_processes(run_dir, env)
+  runs = fh.processes(2, run_dir, env, *fh.KILL_RUN)
   for run in runs:
     run.wait_for(lambda line: line.startswith("phase save 8"))  # well into training
   time.sleep(delay)
@@ -111,7 +92,7 @@ def multihost_preemption(root: str, env: dict[str, str], delay: float) -> bool:
   codes = [run.wait() for run in runs]
   said = [re.findall(r"sync point: saved a checkpoint at step (\d+)", r.output()) for r in runs]
   steps = fh.saved_steps(run_dir)
-  resumed = _two_processes(run_dir, env)
+  resumed = fh.processes(2, run_dir, env, *fh.KILL_RUN)
   resumed_codes = [r.wait() for r in resumed]
   diff = fh.bit_equal(fh.final_state(run_dir)["state"], fh.final_state(ref_dir)["state"])
   ok = codes == [0, 0] and said[0] == said[1] != [] and resumed_codes == [0, 0] and not diff
@@ -125,28 +106,13 @@ def multihost_preemption(root: str, env: dict[str, str], delay: float) -> bool:
 
 # -- two processes -----------------------------------------------------------------------
 
-TWO = (
-  "--config.num_train_steps=12",
-  "--config.checkpoint_every=2",
-  "--config.eval_every=4",
-  "--config.eval_batches=2",
-  "--config.log_every=2",
-  "--config.model.num_layers=1",
-  "--config.keep_checkpoints=20",
-  "--config.distributed_timeout_s=5",
-)
+TWO = fh.TWO_PROCESS_RUN
 KINDS = ("kill-step", "kill-save", "kill-eval", "preempt", "config", "disk-full")
 LOST = re.compile(r"error: process (\d) of 2 .*was lost .*Last good checkpoint: (step \d+|none) ")
 
 
 def _phase_line(name: str, step: int):
   return lambda line: line == f"phase {name} {step}"
-
-
-def _committed(workdir: str) -> list[int]:
-  from transformer.train.checkpoints import committed_steps
-
-  return committed_steps(os.path.join(workdir, "checkpoints"))
 
 
 def _fault(kind: str, workdir: str, env: dict, rng, disk) -> dict:
@@ -217,7 +183,7 @@ def _fault(kind: str, workdir: str, env: dict, rng, disk) -> dict:
   if kind == "preempt":
     said = [re.findall(r"sync point: saved a checkpoint at step (\d+)", r.output()) for r in runs]
     ok = codes == [0, 0] and said[0] == said[1] and len(said[0]) == 1
-    ok = ok and int(said[0][0]) in _committed(workdir)
+    ok = ok and int(said[0][0]) in fh.committed(workdir)
   else:
     match = [LOST.match(line) for line in fh.error_lines(survivor)]
     ok = (
@@ -226,7 +192,7 @@ def _fault(kind: str, workdir: str, env: dict, rng, disk) -> dict:
       and len(match) == 1
       and match[0] is not None
       and int(match[0].group(1)) == victim
-      and match[0].group(2) == (f"step {max(done)}" if (done := _committed(workdir)) else "none")
+      and match[0].group(2) == (f"step {max(done)}" if (done := fh.committed(workdir)) else "none")
     )
   return {"victim": victim, "at": at, "codes": codes, "ok": ok, "detect": detect}
 

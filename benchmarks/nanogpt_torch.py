@@ -459,19 +459,7 @@ def main():
   a = p.parse_args()
   print(f"CPU: {cpu_isa()}; torch {torch.__version__}, {os.cpu_count()} threads")
   print(f"flags: {json.dumps(vars(a))}")
-  run(
-    max_iters=a.max_iters,
-    eval_interval=a.eval_interval,
-    eval_iters=a.eval_iters,
-    log_interval=a.log_interval,
-    batch_size=a.batch_size,
-    block_size=a.block_size,
-    warmup_iters=a.warmup_iters,
-    lr_decay_iters=a.lr_decay_iters,
-    seed=a.seed,
-    out=a.out,
-    full_val=a.full_val,
-  )
+  run(**vars(a))  # every flag is one of run's parameters, by the same name
 
 
 if __name__ == "__main__":

@@ -25,6 +25,12 @@ from transformer.train.parallel import StepRunner, make_mesh
 from transformer.train.step import StepConfig, create_train_state
 
 
+def _gpt(**fields) -> ModelConfig:
+  """The benchmarked GPT: D=128, 4 heads, d_ff 512; vocabulary, depth and length from
+  `fields`."""
+  return ModelConfig(family="decoder", d_model=128, num_heads=4, d_ff=512, **fields)
+
+
 def _compiled(cfg: ModelConfig, batch: int, seq: int):
   """(compile seconds, compiled executable) of the train step for `cfg`."""
   model = build_model(cfg)
@@ -35,7 +41,6 @@ def _compiled(cfg: ModelConfig, batch: int, seq: int):
   init = lambda r: model.init(r, jnp.ones((1, seq), jnp.int32))["params"]
   params = jax.eval_shape(init, jax.random.PRNGKey(0))
   state = jax.eval_shape(lambda p: create_train_state(p, tx, jax.random.PRNGKey(1)), params)
-  runner._layout(state)
   b = {
     "inputs": jax.ShapeDtypeStruct((batch, seq), jnp.int32),
     "targets": jax.ShapeDtypeStruct((batch, seq), jnp.int32),
@@ -45,22 +50,14 @@ def _compiled(cfg: ModelConfig, batch: int, seq: int):
   }
   target = runner.state_target(state)
   t = time.perf_counter()
-  compiled = runner._train.lower(target, b).compile()
+  compiled = runner.train_step.lower(target, b).compile()
   return time.perf_counter() - t, compiled
 
 
 def compile_times(depths: list[int]) -> None:
   print("| layers | unrolled compile (s) | scanned compile (s) |\n|---:|---:|---:|")
   for n in depths:
-    base = ModelConfig(
-      family="decoder",
-      vocab_size=1024,
-      d_model=128,
-      num_heads=4,
-      num_layers=n,
-      d_ff=512,
-      max_len=128,
-    )
+    base = _gpt(vocab_size=1024, num_layers=n, max_len=128)
     unrolled, _ = _compiled(base, 8, 128)
     scanned, _ = _compiled(base.replace(scan_layers=True), 8, 128)
     print(f"| {n} | {unrolled:.2f} | {scanned:.2f} |")
@@ -71,17 +68,7 @@ def remat_memory(seq: int) -> None:
     "| remat policy | compile (s) | peak memory (MiB) | temporaries (MiB) |\n|---|---:|---:|---:|"
   )
   for policy in ("none", "dots", "dots_no_batch", "full"):
-    cfg = ModelConfig(
-      family="decoder",
-      vocab_size=256,
-      d_model=128,
-      num_heads=4,
-      num_layers=8,
-      d_ff=512,
-      max_len=seq,
-      scan_layers=True,
-      remat_policy=policy,
-    )
+    cfg = _gpt(vocab_size=256, num_layers=8, max_len=seq, scan_layers=True, remat_policy=policy)
     seconds, compiled = _compiled(cfg, 8, seq)
     m = compiled.memory_analysis()
     peak = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes

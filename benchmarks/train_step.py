@@ -223,7 +223,7 @@ class OursStep:
   def compile(self) -> float:
     """Seconds to lower and compile the train step."""
     t = time.perf_counter()
-    self.compiled = self.runner._train.lower(self.state, self.placed[0]).compile()
+    self.compiled = self.runner.train_step.lower(self.state, self.placed[0]).compile()
     return time.perf_counter() - t
 
   def step(self) -> float:

@@ -14,7 +14,8 @@ gave, such as `make test-isa`'s ISA cap). Fixtures:
   jit_apply(module, method=None, **static_kwargs) -> f(params, *args)
       `module.apply` compiled once with keyword arguments fixed.
 
-Helpers that test modules import: make_tiny_config, make_random_params, param_shapes,
+Helpers that test modules import: make_tiny_config, make_random_params, tiny_model,
+param_shapes, init_cache, make_decode_step, decode_in_pieces, reference_self_attention,
 make_lm_batch, train_losses, shakespeare_data, tensorboard_events.
 """
 
@@ -33,6 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+import reference_numpy as ref  # noqa: E402
 from fault_runs import trained  # noqa: E402, F401
 
 from transformer.nn.config import ModelConfig  # noqa: E402
@@ -78,6 +80,78 @@ def param_shapes(c: ModelConfig) -> Any:
     tokens = jax.ShapeDtypeStruct((1, 4), jnp.int32)
     args = (tokens, tokens) if c.family == "seq2seq" else (tokens,)
   return jax.eval_shape(lambda *a: model.init(jax.random.key(0), *a), *args)["params"]
+
+
+def tiny_model(family: str = "decoder", seed: int = 0, **overrides: Any) -> tuple[nn.Module, Any]:
+  """The model of `make_tiny_config(family, **overrides)` and random params for it."""
+  from transformer.nn.models import build_model  # here: the set-up above stays light
+
+  model = build_model(make_tiny_config(family, **overrides))
+  tokens = jnp.zeros((1, 4), jnp.int32)  # only the shapes matter (jax.eval_shape)
+  args = (tokens, tokens) if family == "seq2seq" else (tokens,)
+  return model, make_random_params(model, *args, seed=seed)
+
+
+def init_cache(model: nn.Module, *args: Any, method=None) -> Any:
+  """The 'cache' collection of `model.init(..., decode=True)` on full-max_len inputs.
+
+  Only the cache is returned from the jitted init, so XLA drops the parameter initialisers.
+  """
+  init = jax.jit(lambda: model.init(jax.random.key(0), *args, method=method, decode=True)["cache"])
+  return init()
+
+
+def make_decode_step(model: nn.Module, method=None):
+  """jit(f(params, cache, *args, **kwargs) -> (out, {'cache': cache})): one cached decoding
+  call of `model.apply` (or of `method`) that returns the updated cache."""
+
+  @jax.jit
+  def step(params, cache, *args, **kwargs):
+    variables = {"params": params, "cache": cache}
+    return model.apply(variables, *args, decode=True, mutable=["cache"], method=method, **kwargs)
+
+  return step
+
+
+def decode_in_pieces(call, cache: Any, total: int, prefill: int) -> tuple[list, Any]:
+  """Prefill, then one token a call: `call(cache, start, end) -> (logits, {'cache': ...})`
+  decodes positions [start, end) on `cache`, first [0, prefill), then each later one up to
+  `total`, each call on the cache the one before left. The logits of every call [B, end -
+  start, V] in order, and the last call's variables."""
+  logits, state = call(cache, 0, prefill)
+  pieces = [logits]
+  for i in range(prefill, total):
+    logits, state = call(state["cache"], i, i + 1)
+    pieces.append(logits)
+  return pieces, state
+
+
+def reference_self_attention(
+  params: Any,
+  x: np.ndarray,
+  config: ModelConfig,
+  segments: np.ndarray,
+  positions: np.ndarray,
+  causal: bool,
+  window: int | None = None,
+  table: np.ndarray | None = None,
+) -> np.ndarray:
+  """Float64 NumPy self-attention (tests/reference_numpy.py) of `x` [B, T, D] over packed
+  rows: `segments` [B, T] (0: padding), `positions` [B, T] of queries and keys alike, a
+  local `window` or None, the T5 bias `table` [buckets, N] or None. [B, T, D]."""
+  idx = np.arange(x.shape[1])
+  mask = ref.reference_mask(idx, idx, causal, window, segments, segments)  # [B, 1, T, T]
+  return ref.multi_head_attention(
+    ref.to_numpy(params),
+    x.astype(np.float64),
+    None,
+    config,
+    mask,
+    positions,
+    positions,
+    causal,
+    None if table is None else table.astype(np.float64),
+  )
 
 
 def make_lm_batch(

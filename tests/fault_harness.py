@@ -13,6 +13,8 @@ tests/test_faults_storage.py, `benchmarks/kill_resume.py --processes 2`):
 
   processes(n, workdir, env, *overrides, each=None, wrap=None)   n `jax.distributed`
       processes of one run on this machine (a fresh coordinator port)
+  TWO_PROCESS_RUN   the overrides of the two-process fault runs (12 updates, every
+      checkpoint kept); committed(workdir): the committed checkpoint steps
   pause_env(env, phase, release)   run as a script, this file is train.py with phase lines
       that stops at `phase` ("NAME STEP") until the file `release` exists
   SmallDisk(path, size)   a tmpfs of `size` mounted at `path` in a user + mount namespace of
@@ -53,6 +55,22 @@ KILL_RUN = (
 )
 
 
+# 12 updates of a one-layer tiny LM on two processes: a checkpoint every 2 updates, all of
+# them kept (a chain of faulted runs is compared with the reference step by step), an
+# evaluation every 4; a lost process is noticed within DISTRIBUTED_TIMEOUT_S.
+DISTRIBUTED_TIMEOUT_S = 5
+TWO_PROCESS_RUN = (
+  "--config.num_train_steps=12",
+  "--config.checkpoint_every=2",
+  "--config.eval_every=4",
+  "--config.eval_batches=2",
+  "--config.log_every=2",
+  "--config.model.num_layers=1",
+  "--config.keep_checkpoints=20",
+  f"--config.distributed_timeout_s={DISTRIBUTED_TIMEOUT_S}",
+)
+
+
 def child_env(compile_cache: str | None = None, devices: int = 1) -> dict[str, str]:
   """The environment of a training subprocess: unbuffered, `devices` CPU devices (the
   caller's other XLA flags kept), and a persistent compilation cache: `compile_cache`, or
@@ -68,12 +86,15 @@ def child_env(compile_cache: str | None = None, devices: int = 1) -> dict[str, s
   return env
 
 
-def train_command(workdir: str, *overrides: str, script: str | None = None) -> list[str]:
-  """`train.py` with phase lines (tests/traced_train.py, or `script`) on the tiny LM."""
+def train_command(
+  workdir: str, *overrides: str, script: str | None = None, config: str = TINY_CONFIG
+) -> list[str]:
+  """`train.py` with phase lines (tests/traced_train.py, or `script`) on the tiny LM (or
+  `config`)."""
   return [
     sys.executable,
     script or os.path.join(REPO, "tests", "traced_train.py"),
-    f"--config={TINY_CONFIG}",
+    f"--config={config}",
     f"--workdir={workdir}",
     *overrides,
   ]
@@ -101,12 +122,13 @@ def processes(
   *overrides: str,
   each: list[list[str]] | None = None,
   script: str | None = None,
+  config: str = TINY_CONFIG,
   wrap: Callable[[list[str]], list[str]] | None = None,
   envs: list[dict[str, str]] | None = None,
 ) -> list[Run]:
   """The `count` processes of one run (explicit TRANSFORMER_* variables, a fresh port);
   `each[i]`: more overrides for process i; `envs[i]`: more variables for process i;
-  `wrap`: applied to each command (`SmallDisk`)."""
+  `script`, `config`: as `train_command`'s; `wrap`: applied to each command (`SmallDisk`)."""
   port = free_port()
   runs = []
   for i in range(count):
@@ -117,9 +139,17 @@ def processes(
       TRANSFORMER_NUM_PROCESSES=str(count),
       TRANSFORMER_PROCESS_ID=str(i),
     )
-    cmd = train_command(workdir, *overrides, *(each[i] if each else []), script=script)
+    more = each[i] if each else []
+    cmd = train_command(workdir, *overrides, *more, script=script, config=config)
     runs.append(Run(wrap(cmd) if wrap else cmd, variables))
   return runs
+
+
+def committed(workdir: str) -> list[int]:
+  """The committed checkpoint steps of the run in `workdir`."""
+  from transformer.train.checkpoints import committed_steps  # the harness alone stays light
+
+  return committed_steps(os.path.join(workdir, "checkpoints"))
 
 
 def error_lines(run: Run) -> list[str]:
@@ -314,7 +344,7 @@ class SmallDisk:
 # and a count N: when the Nth request whose URL (unquoted) matches the regex arrives, the
 # emulator exits at once (status 3) without answering, as storage that goes away. Its media
 # downloads lack the x-goog-generation header that tensorstore's gcs kvstore reads: the
-# download handler is wrapped to add it (as in tests/test_gcs_workdir.py).
+# download handler is wrapped to add it (Cloud Storage sends it).
 _EMULATOR = """
 import os, re, sys, urllib.parse
 from gcp_storage_emulator import server as emulator_server

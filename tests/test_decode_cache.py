@@ -11,31 +11,25 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from conftest import make_random_params, make_tiny_config
+from conftest import tiny_model
 
 from transformer import decode
 from transformer.decode.cache import cache_lengths
 from transformer.nn.attention import MultiHeadAttention
-from transformer.nn.models import DecoderLM, EncoderDecoder
 
 SOURCES = np.array([[5, 6, 7, 8, 9, 10], [10, 11, 12, 0, 0, 0]], np.int32)  # row 1 padded
 
 
 @functools.cache
 def _s2s():
-  config = make_tiny_config("seq2seq", position="relative_t5", num_kv_heads=2, tie_embeddings=False)
-  model = EncoderDecoder(config)
-  tokens = jnp.ones((1, 4), jnp.int32)
-  return model, make_random_params(model, tokens, tokens, seed=2)
+  return tiny_model("seq2seq", seed=2, position="relative_t5", num_kv_heads=2, tie_embeddings=False)
 
 
 @functools.cache
 def _long_lm():
-  config = make_tiny_config(
-    "decoder", max_len=64, position="learned", num_kv_heads=2, tie_embeddings=False
+  return tiny_model(
+    "decoder", seed=1, max_len=64, position="learned", num_kv_heads=2, tie_embeddings=False
   )
-  model = DecoderLM(config)
-  return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32), seed=1)
 
 
 class _Calls:

@@ -13,11 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import make_random_params, make_tiny_config
+from conftest import tiny_model
 
 from transformer import decode
 from transformer.data.tokenizers import EOS_ID, PAD_ID
-from transformer.nn.models import DecoderLM, EncoderDecoder
 
 PROMPTS = [[5, 7, 9], [11, 3, 4, 8, 10, 12]]  # two lengths in one batch: P = 6
 NEW = 10  # P + NEW = 16 = max_len of the tiny configs
@@ -37,34 +36,27 @@ LM_VARIANTS = {
 
 @functools.cache
 def _lm(variant: str):
-  model = DecoderLM(make_tiny_config("decoder", **LM_VARIANTS[variant]))
-  return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32))
+  return tiny_model("decoder", **LM_VARIANTS[variant])
 
 
 @functools.cache
 def _s2s():
-  config = make_tiny_config("seq2seq", position="relative_t5", norm="rmsnorm", tie_embeddings=False)
-  model = EncoderDecoder(config)
-  tokens = jnp.ones((1, 4), jnp.int32)
-  return model, make_random_params(model, tokens, tokens, seed=1)
+  return tiny_model("seq2seq", seed=1, position="relative_t5", norm="rmsnorm", tie_embeddings=False)
 
 
 # Vocabulary 6 for exhaustive search. The seeds give models whose best sequence (no EOS)
 # is not the greedy one, so beam search has to search.
 @functools.cache
 def _tiny_vocab_lm():
-  config = make_tiny_config(
-    "decoder", vocab_size=6, max_len=8, position="rope", tie_embeddings=False, scan_layers=True
-  )  # nn.scan: the beams are gathered along cache axis 1
-  model = DecoderLM(config)
-  return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32), seed=3)
+  return tiny_model(
+    "decoder", seed=3, vocab_size=6, max_len=8, position="rope", tie_embeddings=False,
+    scan_layers=True,  # nn.scan: the beams are gathered along cache axis 1
+  )  # fmt: skip
 
 
 @functools.cache
 def _tiny_vocab_s2s():
-  model = EncoderDecoder(make_tiny_config("seq2seq", vocab_size=6, tie_embeddings=False))
-  tokens = jnp.ones((1, 4), jnp.int32)
-  return model, make_random_params(model, tokens, tokens, seed=0)
+  return tiny_model("seq2seq", vocab_size=6, tie_embeddings=False)
 
 
 @functools.partial(jax.jit, static_argnums=0)

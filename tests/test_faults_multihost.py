@@ -33,17 +33,8 @@ import time
 import fault_harness as fh
 import pytest
 
-TIMEOUT_S = 5  # config.distributed_timeout_s of these runs
-RUN = (
-  "--config.num_train_steps=12",
-  "--config.checkpoint_every=2",
-  "--config.eval_every=4",
-  "--config.eval_batches=2",
-  "--config.log_every=2",
-  "--config.model.num_layers=1",
-  "--config.keep_checkpoints=20",  # every step kept: the chain is compared step by step
-  f"--config.distributed_timeout_s={TIMEOUT_S}",
-)
+TIMEOUT_S = fh.DISTRIBUTED_TIMEOUT_S  # config.distributed_timeout_s of these runs
+RUN = fh.TWO_PROCESS_RUN  # every checkpoint kept: the chain is compared step by step
 LOST = re.compile(
   r"error: process (\d) of 2 (?:\(the coordinator, [^)]*\) )?was lost \((.*)\); process (\d) "
   r"stops too\. Last good checkpoint: step (\d+) in (\S+); start all 2 processes again"
@@ -52,12 +43,6 @@ LOST = re.compile(
 
 def _start(workdir: str, env: dict, **kwargs) -> list[fh.Run]:
   return fh.processes(2, workdir, env, *RUN, **kwargs)
-
-
-def _committed(workdir: str) -> list[int]:
-  from transformer.train.checkpoints import committed_steps
-
-  return committed_steps(os.path.join(workdir, "checkpoints"))
 
 
 def _states(workdir: str, steps) -> dict[int, dict]:
@@ -70,7 +55,7 @@ def _states(workdir: str, steps) -> dict[int, dict]:
 def _same_as_reference(chain: str, reference: dict) -> list[int]:
   """Compares every committed checkpoint of `chain` at a step the reference has (a
   preemption saves an odd one) with the reference's; returns the committed steps."""
-  steps = _committed(chain)
+  steps = fh.committed(chain)
   common = [step for step in steps if step in reference["states"]]
   for step, state in _states(chain, common).items():
     assert not fh.bit_equal(state, reference["states"][step]), f"step {step} differs"
@@ -89,8 +74,21 @@ def _survivor(run: fh.Run, lost: int, workdir: str) -> int:
   assert int(match.group(1)) == lost and int(match.group(3)) == 1 - lost, errors[0]
   assert match.group(5) == os.path.join(workdir, "checkpoints"), errors[0]
   step = int(match.group(4))
-  assert step == max(_committed(workdir)), (step, _committed(workdir))  # on disk
+  assert step == max(fh.committed(workdir)), (step, fh.committed(workdir))  # on disk
   return step
+
+
+def _kill(runs: list[fh.Run], victim: int, workdir: str, reference: dict, **facts) -> dict:
+  """SIGKILLs process `victim` of two; what the case did: `facts`, the seconds until the
+  survivor ended (`detect_s`), the step it named (`named`) and the steps committed then
+  (`committed`, each equal to the reference's)."""
+  killed = time.monotonic()
+  runs[victim].signal(signal.SIGKILL)
+  named = _survivor(runs[1 - victim], lost=victim, workdir=workdir)
+  done = {"detect_s": time.monotonic() - killed, "named": named, **facts}
+  assert runs[victim].wait() == -signal.SIGKILL
+  done["committed"] = _same_as_reference(workdir, reference)
+  return done
 
 
 def _resumed(runs: list[fh.Run], step: int) -> None:
@@ -126,7 +124,7 @@ def reference(tmp_path_factory, env):
   runs = _start(workdir, env)
   codes = [run.wait() for run in runs]
   assert codes == [0, 0], "\n---\n".join(run.output()[-3000:] for run in runs)
-  steps = _committed(workdir)
+  steps = fh.committed(workdir)
   assert steps == [2, 4, 6, 8, 10, 12], steps
   return {"states": _states(workdir, steps), "source": fh.source_fingerprint()}
 
@@ -158,14 +156,10 @@ def chain(tmp_path_factory, env, reference):
   _resumed(runs, step)
   written = _next_phase(runs[1], "train", step, even=True)
   deadline = time.monotonic() + fh.PATIENCE_S
-  while written not in _committed(workdir) and time.monotonic() < deadline:
+  while written not in fh.committed(workdir) and time.monotonic() < deadline:
     time.sleep(0.01)
-  killed = time.monotonic()
-  runs[1].signal(signal.SIGKILL)
-  step = _survivor(runs[0], lost=1, workdir=workdir)
-  out["step"] = {"detect_s": time.monotonic() - killed, "named": step, "written": written}
-  assert runs[1].wait() == -signal.SIGKILL
-  out["step"]["committed"] = _same_as_reference(workdir, reference)
+  out["step"] = _kill(runs, 1, workdir, reference, written=written)
+  step = out["step"]["named"]
 
   # In a save: SIGKILL process 0 while the asynchronous write of a checkpoint is in flight.
   runs = _start(workdir, env)
@@ -175,27 +169,18 @@ def chain(tmp_path_factory, env, reference):
   # Until the write shows (or, missed, has committed: then `in_flight` is empty and the
   # test of this case says so).
   deadline = time.monotonic() + fh.PATIENCE_S
-  while not glob.glob(tmp) and saving not in _committed(workdir) and time.monotonic() < deadline:
+  while not glob.glob(tmp) and saving not in fh.committed(workdir) and time.monotonic() < deadline:
     time.sleep(0.002)
   in_flight = glob.glob(tmp)  # this step's write has begun and not committed
-  killed = time.monotonic()
-  runs[0].signal(signal.SIGKILL)
-  step = _survivor(runs[1], lost=0, workdir=workdir)
-  out["save"] = {"detect_s": time.monotonic() - killed, "named": step, "saving": saving}
-  out["save"]["in_flight"] = in_flight
-  assert runs[0].wait() == -signal.SIGKILL
-  out["save"]["committed"] = _same_as_reference(workdir, reference)
+  out["save"] = _kill(runs, 0, workdir, reference, saving=saving, in_flight=in_flight)
+  step = out["save"]["named"]
 
   # In an evaluation: SIGKILL process 1 as it enters one.
   runs = _start(workdir, env)
   _resumed(runs, step)
   evaluating = _next_phase(runs[1], "eval", step)
-  killed = time.monotonic()
-  runs[1].signal(signal.SIGKILL)
-  step = _survivor(runs[0], lost=1, workdir=workdir)
-  out["eval"] = {"detect_s": time.monotonic() - killed, "named": step, "at": evaluating}
-  assert runs[1].wait() == -signal.SIGKILL
-  out["eval"]["committed"] = _same_as_reference(workdir, reference)
+  out["eval"] = _kill(runs, 1, workdir, reference, at=evaluating)
+  step = out["eval"]["named"]
 
   # The end.
   runs = _start(workdir, env)
@@ -279,7 +264,7 @@ def test_stalled_peer_ends_every_process_naming_it_and_resumes_exactly(tmp_path,
   assert match and match.group(2) == "process 0 stops too", survivor[0]
   assert int(match.group(1)) > 6 and match.group(4) == os.path.join(workdir, "checkpoints")
   named = int(match.group(3))
-  assert named == max(_committed(workdir)) >= 4, (named, _committed(workdir))
+  assert named == max(fh.committed(workdir)) >= 4, (named, fh.committed(workdir))
   assert len(fh.error_lines(runs[1])) == 1, runs[1].output()[-3000:]  # the stuck one too
 
   runs = fh.processes(2, workdir, env, *RUN, stall)

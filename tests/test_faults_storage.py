@@ -49,15 +49,42 @@ def _gcs_steps(folder: str) -> dict[int, bool]:
   }
 
 
+def _bucket_env(emulator: fh.StorageEmulator) -> dict[str, str]:
+  """The environment of a run on as many devices as this process, its storage the emulator."""
+  env = dict(fh.child_env(devices=jax.device_count()))
+  env.update(fh.storage_env(emulator.endpoint))
+  env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+  return env
+
+
+def _resume(emulator: fh.StorageEmulator, command: list[str], env: dict, step: int, partial: int):
+  """With the storage back, `command` resumes from `step` and removes the partial write of
+  step `partial`."""
+  emulator.start()
+  resumed = fh.Run(command, env)
+  code = resumed.wait(timeout=PATIENCE_S)
+  out = resumed.output()
+  assert code == 0, out[-3000:]
+  assert f"resumed from step {step} (" in out, out[-3000:]
+  assert f"removing the partial checkpoint write gs://bucket/run/checkpoints/{partial}" in out
+
+
+def _check_bucket_run(store: str, tmp_path, trained) -> None:
+  """The bucket holds the committed steps 2, 4 and 6; the last is the `trained` state."""
+  assert _gcs_steps(_objects(store, "run/checkpoints")) == {2: True, 4: True, 6: True}
+  local = str(tmp_path / "copy" / "checkpoints")  # the bucket's objects, read as files
+  shutil.copytree(_objects(store, "run/checkpoints"), local)
+  final = fh.final_state(os.path.dirname(local))
+  assert final["step"] == 6 and not fh.bit_equal(final["state"], trained["state"])
+
+
 @pytest.mark.slow
 def test_storage_outage_mid_save_is_retried_or_never_loaded(tmp_path, trained):
   store = str(tmp_path / "store")
   emulator = fh.StorageEmulator(store)
   url = f"gs://{fh.StorageEmulator.BUCKET}/run"
   mid_write = r"uploadType=.*name=run/checkpoints/{}/state/"  # the 3rd array object of a step
-  env = dict(fh.child_env(devices=jax.device_count()))
-  env.update(fh.storage_env(emulator.endpoint))
-  env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+  env = _bucket_env(emulator)
   try:
     emulator.start(die_at=(mid_write.format(4), 3))
     run = fh.Run(fh.train_command(url, *STEPS), env)
@@ -70,21 +97,10 @@ def test_storage_outage_mid_save_is_retried_or_never_loaded(tmp_path, trained):
     assert run.wait(timeout=PATIENCE_S) == -signal.SIGKILL
     steps = _gcs_steps(_objects(store, "run/checkpoints"))
     assert steps == {2: True, 4: True, 6: False}, steps  # 6: begun, never committed
-
-    emulator.start()
-    resumed = fh.Run(fh.train_command(url, *STEPS), env)
-    code = resumed.wait(timeout=PATIENCE_S)
-    out = resumed.output()
-    assert code == 0, out[-3000:]
-    assert "resumed from step 4 (" in out, out[-3000:]
-    assert "removing the partial checkpoint write gs://bucket/run/checkpoints/6" in out
+    _resume(emulator, fh.train_command(url, *STEPS), env, step=4, partial=6)
   finally:
     emulator.stop()
-  assert _gcs_steps(_objects(store, "run/checkpoints")) == {2: True, 4: True, 6: True}
-  local = str(tmp_path / "copy" / "checkpoints")  # the bucket's objects, read as files
-  shutil.copytree(_objects(store, "run/checkpoints"), local)
-  final = fh.final_state(os.path.dirname(local))
-  assert final["step"] == 6 and not fh.bit_equal(final["state"], trained["state"])
+  _check_bucket_run(store, tmp_path, trained)
 
 
 OUT_OF_RETRIES = re.compile(
@@ -104,9 +120,7 @@ def test_storage_outage_past_the_retries_ends_in_one_line_and_resumes_exactly(tm
   emulator = fh.StorageEmulator(store)
   url = f"gs://{fh.StorageEmulator.BUCKET}/run"
   command = fh.train_command(url, *STEPS, "--config.storage_retries=2")
-  env = dict(fh.child_env(devices=jax.device_count()))
-  env.update(fh.storage_env(emulator.endpoint))
-  env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
+  env = _bucket_env(emulator)
   try:
     emulator.start(die_at=(r"uploadType=.*name=run/checkpoints/4/state/", 3))
     run = fh.Run(command, env)
@@ -119,21 +133,10 @@ def test_storage_outage_past_the_retries_ends_in_one_line_and_resumes_exactly(tm
     assert OUT_OF_RETRIES.match(errors[0]), errors[0]
     assert ended < 90, ended  # the clients' own retries: 15 minutes
     assert _gcs_steps(_objects(store, "run/checkpoints")) == {2: True, 4: False}
-
-    emulator.start()
-    resumed = fh.Run(command, env)
-    code = resumed.wait(timeout=PATIENCE_S)
-    out = resumed.output()
-    assert code == 0, out[-3000:]
-    assert "resumed from step 2 (" in out, out[-3000:]
-    assert "removing the partial checkpoint write gs://bucket/run/checkpoints/4" in out
+    _resume(emulator, command, env, step=2, partial=4)
   finally:
     emulator.stop()
-  assert _gcs_steps(_objects(store, "run/checkpoints")) == {2: True, 4: True, 6: True}
-  local = str(tmp_path / "copy" / "checkpoints")
-  shutil.copytree(_objects(store, "run/checkpoints"), local)
-  final = fh.final_state(os.path.dirname(local))
-  assert final["step"] == 6 and not fh.bit_equal(final["state"], trained["state"])
+  _check_bucket_run(store, tmp_path, trained)
 
 
 def _fill(folder: str) -> int:

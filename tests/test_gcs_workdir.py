@@ -1,7 +1,8 @@
 """`gs://` workdirs end to end, against a Cloud Storage emulator on loopback.
 
-The emulator (`gcp-storage-emulator`, in memory) is started on 127.0.0.1 by the module
-fixture and stopped after the last test. Every storage layer is pointed at it:
+The emulator (`gcp-storage-emulator`, tests/fault_harness.py's `StorageEmulator`, its
+objects in a temporary folder) is started on 127.0.0.1 by the module fixture and stopped
+after the last test. Every storage layer is pointed at it:
 `etils.epath` -> fsspec/gcsfs through `STORAGE_EMULATOR_HOST` (configs, metrics,
 TensorBoard events, tokenizers, the lease, plots, evaluation outputs) and orbax ->
 tensorstore's `gcs` kvstore through `TENSORSTORE_GCS_HTTP_URL` (checkpoint arrays).
@@ -21,10 +22,20 @@ import time
 import urllib.request
 
 import pytest
-from fault_harness import REPO, TINY_CONFIG, bit_equal, child_env, final_state
+from fault_harness import (
+  REPO,
+  TINY_CONFIG,
+  StorageEmulator,
+  bit_equal,
+  child_env,
+  final_state,
+  free_port,
+  storage_env,
+  train_command,
+)
 from session_env import PATIENCE_S
 
-BUCKET = "bucket"
+BUCKET = StorageEmulator.BUCKET
 STEPS = ("--config.num_train_steps=6", "--config.checkpoint_every=3", "--config.log_every=2")
 KILL_AT = 3  # the killed run stops right after checkpoint 3 is committed
 
@@ -57,92 +68,32 @@ _KILLED_TRAIN = textwrap.dedent(
   """
 )
 
-# The emulator in memory on 127.0.0.1 until its stdin closes. Its media downloads lack the
-# x-goog-generation header that tensorstore's gcs kvstore reads (Cloud Storage sends it):
-# the download handler is wrapped to add it before the server's routes are built.
-_EMULATOR = textwrap.dedent(
-  """
-  import sys
-  from gcp_storage_emulator.handlers import objects
-
-  _download = objects.download
-
-  def download(request, response, storage, *args, **kwargs):
-    try:
-      obj = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
-      response["x-goog-generation"] = str(obj["generation"])
-      response["x-goog-metageneration"] = str(obj["metageneration"])
-    except Exception:
-      pass  # no such object: the handler answers 404
-    return _download(request, response, storage, *args, **kwargs)
-
-  objects.download = download
-  from gcp_storage_emulator.server import create_server
-  server = create_server("127.0.0.1", int(sys.argv[1]), in_memory=True, default_bucket=sys.argv[2])
-  server.start()
-  print("ready", flush=True)
-  try:
-    sys.stdin.read()  # runs until the test closes stdin
-  finally:
-    server.stop()
-  """
-)
-
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
-def _storage_env(endpoint: str) -> dict[str, str]:
-  return {
-    "STORAGE_EMULATOR_HOST": endpoint,  # gcsfs (etils.epath's gs:// backend)
-    "TENSORSTORE_GCS_HTTP_URL": endpoint,  # tensorstore's gcs kvstore (orbax arrays)
-    "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",  # no bucket-layout RPCs (no such API here)
-    "GCE_METADATA_ROOT": "127.0.0.1:1",  # no credentials: fail the metadata probe at once
-    "GOOGLE_CLOUD_PROJECT": "test",
-  }
-
 
 @pytest.fixture(scope="module")
-def emulator():
+def emulator(tmp_path_factory):
   """The emulator's URL; this process's storage clients point at it."""
-  port = _free_port()
-  proc = subprocess.Popen(
-    [sys.executable, "-c", _EMULATOR, str(port), BUCKET],
-    stdin=subprocess.PIPE,
-    stdout=subprocess.PIPE,
-    stderr=subprocess.DEVNULL,
-    text=True,
-  )
-  endpoint = f"http://127.0.0.1:{port}"
+  server = StorageEmulator(str(tmp_path_factory.mktemp("gcs")))
   try:
-    assert proc.stdout.readline().strip() == "ready"
+    server.start()
     for _ in range(50):  # bounded: the server answers within a few tries
       try:
-        urllib.request.urlopen(endpoint + "/", timeout=2).close()
+        urllib.request.urlopen(server.endpoint + "/", timeout=2).close()
         break
       except OSError:
         time.sleep(0.1)
     mp = pytest.MonkeyPatch()
-    for key, value in _storage_env(endpoint).items():
+    for key, value in storage_env(server.endpoint).items():
       mp.setenv(key, value)
     mp.delenv("GOOGLE_APPLICATION_CREDENTIALS", raising=False)
-    yield endpoint
+    yield server.endpoint
     mp.undo()
   finally:
-    proc.stdin.close()
-    try:
-      proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      proc.wait()
+    server.stop()
 
 
 def _env(endpoint: str) -> dict[str, str]:
   env = child_env()
-  env.update(_storage_env(endpoint))
+  env.update(storage_env(endpoint))
   env.pop("GOOGLE_APPLICATION_CREDENTIALS", None)
   return env
 
@@ -155,15 +106,8 @@ def _run(
   )
 
 
-def _train(workdir: str, *extra: str) -> list[str]:
-  return [
-    sys.executable,
-    os.path.join(REPO, "train.py"),
-    f"--config={TINY_CONFIG}",
-    f"--workdir={workdir}",
-    *STEPS,
-    *extra,
-  ]
+def _train(workdir: str) -> list[str]:
+  return train_command(workdir, *STEPS, script=os.path.join(REPO, "train.py"))
 
 
 def _train_losses(jsonl_text: str) -> dict[int, float]:
@@ -262,7 +206,7 @@ def test_unwritable_or_unreachable_gs_workdir_is_one_line(emulator, tmp_path):
   traced = os.path.join(REPO, "tests", "traced_train.py")
   cmd = [sys.executable, traced, f"--config={TINY_CONFIG}"]
   env = _env(emulator)
-  dead = _env(f"http://127.0.0.1:{_free_port()}")
+  dead = _env(f"http://127.0.0.1:{free_port()}")
   runs = {  # the unreachable one retries for about half a minute: both run at once
     "missing bucket": (subprocess.Popen(
       [*cmd, "--workdir=gs://no-such-bucket/run"], env=env, cwd=REPO, text=True,

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref
+from conftest import decode_in_pieces, init_cache, make_decode_step
 
 from transformer.nn.models import (
   DecoderLM,
@@ -248,15 +249,6 @@ def test_scan_and_remat_preserve_outputs_and_gradients(tiny_config, random_param
 # Prefill + cached decoding equals the full forward pass.
 
 
-def _init_cache(model, *args, method=None):
-  """The 'cache' collection of `model.init(..., decode=True)` on full-max_len inputs.
-
-  Only the cache is returned from the jitted init, so XLA drops the parameter initialisers.
-  """
-  init = jax.jit(lambda: model.init(jax.random.key(0), *args, method=method, decode=True)["cache"])
-  return init()
-
-
 DECODE_CASES = {
   "rope-gqa": dict(position="rope", num_kv_heads=2),
   "alibi-mqa-window-chunked": dict(
@@ -278,23 +270,15 @@ def test_decoder_prefill_then_cached_steps_equal_full_forward(tiny_config, rando
   tokens = _tokens((b, total), seed=13)
   positions = np.broadcast_to(np.arange(total, dtype=np.int32), (b, total))
   params = random_params(model, tokens)
-  cache = _init_cache(model, np.zeros((b, c.max_len), np.int32))
+  cache = init_cache(model, np.zeros((b, c.max_len), np.int32))
+  step = make_decode_step(model)
 
   @jax.jit
   def full(params):
     return model.apply({"params": params}, tokens)
 
-  @jax.jit
-  def step(params, cache, tokens, positions):
-    return model.apply(
-      {"params": params, "cache": cache}, tokens, positions, decode=True, mutable=["cache"]
-    )
-
-  logits, state = step(params, cache, tokens[:, :prefill], positions[:, :prefill])
-  pieces = [logits]
-  for i in range(prefill, total):
-    logits, state = step(params, state["cache"], tokens[:, i : i + 1], positions[:, i : i + 1])
-    pieces.append(logits)
+  call = lambda cache, i, j: step(params, cache, tokens[:, i:j], positions[:, i:j])
+  pieces, state = decode_in_pieces(call, cache, total, prefill)
   np.testing.assert_allclose(np.concatenate(pieces, axis=1), full(params), **TOL)
   flat = jax.tree_util.tree_flatten_with_path(state["cache"])[0]
   indices = [leaf for path, leaf in flat if "cache_index" in jax.tree_util.keystr(path)]
@@ -320,9 +304,10 @@ def test_encoder_decoder_cached_decoding_equals_full_forward(tiny_config, random
   decoder_inputs = np.concatenate([np.zeros((b, 1), np.int32), targets[:, :-1]], axis=1)
   positions = np.broadcast_to(np.arange(total, dtype=np.int32), (b, total))
   encoded_shape = np.zeros((b, 9, c.d_model), np.float32)
-  cache = _init_cache(
+  cache = init_cache(
     model, encoded_shape, src_seg, np.zeros((b, c.max_len), np.int32), method=EncoderDecoder.decode
   )
+  step = make_decode_step(model, EncoderDecoder.decode)
 
   @jax.jit
   def full_and_encode(params):
@@ -331,27 +316,13 @@ def test_encoder_decoder_cached_decoding_equals_full_forward(tiny_config, random
       model.apply({"params": params}, inputs, src_seg, method=EncoderDecoder.encode),
     )
 
-  @jax.jit
-  def step(params, cache, encoded, tokens, positions):
-    return model.apply(
-      {"params": params, "cache": cache},
-      encoded,
-      src_seg,
-      tokens,
-      targets_positions=positions,
-      decode=True,
-      mutable=["cache"],
-      method=EncoderDecoder.decode,
-    )
-
   expected, encoded = full_and_encode(params)
-  logits, state = step(params, cache, encoded, decoder_inputs[:, :prefill], positions[:, :prefill])
-  pieces = [logits]
-  for i in range(prefill, total):
-    logits, state = step(
-      params, state["cache"], encoded, decoder_inputs[:, i : i + 1], positions[:, i : i + 1]
-    )
-    pieces.append(logits)
+
+  def call(cache, i, j):  # the encoder output at every call
+    tokens, at = decoder_inputs[:, i:j], positions[:, i:j]
+    return step(params, cache, encoded, src_seg, tokens, targets_positions=at)
+
+  pieces, _ = decode_in_pieces(call, cache, total, prefill)
   np.testing.assert_allclose(np.concatenate(pieces, axis=1), expected, **TOL)
 
 

@@ -24,7 +24,6 @@ import os
 import re
 import runpy
 import signal
-import socket
 import sys
 import time
 
@@ -92,30 +91,20 @@ def _changed(source: str) -> str:
 
 
 def _command(task: str, workdir: str, data_dir: str) -> list[str]:
+  """The command of a one-process run of `task`."""
   config = os.path.join(REPO, TASKS[task][0])
-  return [sys.executable, os.path.abspath(__file__), f"--config={config}", f"--workdir={workdir}"]
+  command = fh.train_command(workdir, script=os.path.abspath(__file__), config=config)
+  return command + _overrides(task, data_dir)
 
 
 def _start(task: str, workdir: str, data_dir: str, env: dict, hold: str | None = None) -> list:
   """Both processes of one run (a fresh coordinator port each time)."""
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-  cmd = _command(task, workdir, data_dir) + _overrides(task, data_dir)
+  config = os.path.join(REPO, TASKS[task][0])
   extra = {"HOLD_AT_PHASE": hold} if hold else {}
-  return [
-    fh.Run(
-      cmd,
-      dict(
-        env,
-        TRANSFORMER_COORDINATOR=f"127.0.0.1:{port}",
-        TRANSFORMER_NUM_PROCESSES="2",
-        TRANSFORMER_PROCESS_ID=str(i),
-        **extra,
-      ),
-    )
-    for i in range(2)
-  ]
+  overrides = _overrides(task, data_dir)
+  return fh.processes(
+    2, workdir, env, *overrides, script=os.path.abspath(__file__), config=config, envs=[extra] * 2
+  )
 
 
 def _finish(runs: list) -> list[str]:
@@ -221,8 +210,7 @@ def test_two_processes_killed_and_resumed_end_bit_exact(prepared, task):
   assert not diff, (diff, _changed(source))
 
   # One process cannot continue the two processes' data positions: refused in one line.
-  single = _overrides(task, data_dir) + ["--config.mesh.fsdp=1"]
-  one = fh.Run(_command(task, reference, data_dir) + single, env)
+  one = fh.Run(_command(task, reference, data_dir) + ["--config.mesh.fsdp=1"], env)
   assert one.wait() == 1
   errors = [line for line in one.output().splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "data-iterator states of 2 processes and this run has 1" in errors[0]

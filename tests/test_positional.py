@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref
+from conftest import reference_self_attention
 
 from transformer.nn.attention import MultiHeadAttention
 from transformer.nn.masks import MaskInfo
@@ -205,19 +206,7 @@ def test_attention_with_each_relative_kind_matches_reference(
   module = MultiHeadAttention(c)
   params = random_params(module, x, None, info, rel_table)
   out = jit_apply(module)(params, x, None, info, rel_table)
-  idx = np.arange(t)
-  mask = ref.reference_mask(idx, idx, causal, None, seg, seg)
-  expected = ref.multi_head_attention(
-    ref.to_numpy(params),
-    x.astype(np.float64),
-    None,
-    c,
-    mask,
-    positions,
-    positions,
-    causal,
-    None if rel_table is None else rel_table.astype(np.float64),
-  )
+  expected = reference_self_attention(params, x, c, seg, positions, causal, table=rel_table)
   np.testing.assert_allclose(out, expected, **TOL)
 
 

@@ -14,7 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import reference_numpy as ref
-from conftest import make_random_params, make_tiny_config
+from conftest import (
+  decode_in_pieces,
+  init_cache,
+  make_decode_step,
+  make_tiny_config,
+  tiny_model,
+)
 
 from transformer.nn import partitioning
 from transformer.nn.config import ModelConfig
@@ -33,20 +39,12 @@ def _tokens(shape, seed):
 
 @functools.cache
 def _lm():
-  model = DecoderLM(make_tiny_config("decoder", **LM))
-  return model, make_random_params(model, jnp.zeros((1, 4), jnp.int32), seed=5)
+  return tiny_model("decoder", seed=5, **LM)
 
 
 @functools.cache
 def _s2s():
-  model = EncoderDecoder(make_tiny_config("seq2seq", **S2S))
-  tokens = jnp.ones((1, 4), jnp.int32)
-  return model, make_random_params(model, tokens, tokens, seed=6)
-
-
-def _init_cache(model, *args, method=None):
-  init = jax.jit(lambda: model.init(jax.random.key(0), *args, method=method, decode=True)["cache"])
-  return init()
+  return tiny_model("seq2seq", seed=6, **S2S)
 
 
 def _check_cached(pieces: list, full: jax.Array) -> None:
@@ -72,18 +70,10 @@ def test_decoder_matches_reference_and_cached_decoding_equals_the_full_pass():
   np.testing.assert_allclose(full, expected, **TOL)
   plain = ref.decoder_lm(ref.to_numpy(params), tokens, c.replace(qk_norm=False))
   assert np.abs(plain - expected).max() > 1e-2  # the norm is what makes the difference
-  cache = _init_cache(model, np.zeros((b, model.config.max_len), np.int32))
-
-  @jax.jit
-  def step(cache, tokens, positions):
-    variables = {"params": params, "cache": cache}
-    return model.apply(variables, tokens, positions, decode=True, mutable=["cache"])
-
-  logits, state = step(cache, tokens[:, :prefill], positions[:, :prefill])
-  pieces = [logits]
-  for i in range(prefill, total):
-    logits, state = step(state["cache"], tokens[:, i : i + 1], positions[:, i : i + 1])
-    pieces.append(logits)
+  cache = init_cache(model, np.zeros((b, model.config.max_len), np.int32))
+  step = make_decode_step(model)
+  call = lambda cache, i, j: step(params, cache, tokens[:, i:j], positions[:, i:j])
+  pieces, _ = decode_in_pieces(call, cache, total, prefill)
   _check_cached(pieces, full)
 
 
@@ -109,28 +99,16 @@ def test_encoder_decoder_matches_reference_and_its_cached_cross_keys_are_normed(
   expected = ref.encoder_decoder(ref.to_numpy(params), inputs, targets, model.config)
   np.testing.assert_allclose(full, expected, **TOL)
   max_len = model.config.max_len
-  cache = _init_cache(
+  cache = init_cache(
     model, encoded, src_seg, np.zeros((b, max_len), np.int32), method=EncoderDecoder.decode
   )
+  step = make_decode_step(model, EncoderDecoder.decode)
 
-  @jax.jit
-  def step(cache, encoded, tokens, positions):
-    return model.apply(
-      {"params": params, "cache": cache},
-      encoded,
-      src_seg,
-      tokens,
-      targets_positions=positions,
-      decode=True,
-      mutable=["cache"],
-      method=EncoderDecoder.decode,
-    )
+  def call(cache, i, j):  # the encoder output at the first call only: later ones read the cache
+    tokens, at = shifted[:, i:j], positions[:, i:j]
+    return step(params, cache, encoded if i == 0 else None, src_seg, tokens, targets_positions=at)
 
-  logits, state = step(cache, encoded, shifted[:, :prefill], positions[:, :prefill])
-  pieces = [logits]
-  for i in range(prefill, total):
-    logits, state = step(state["cache"], None, shifted[:, i : i + 1], positions[:, i : i + 1])
-    pieces.append(logits)
+  pieces, _ = decode_in_pieces(call, cache, total, prefill)
   _check_cached(pieces, full)
 
 
