@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 
 import jax
 import numpy as np
@@ -62,9 +63,9 @@ def test_the_loss_is_the_mixed_soft_kl_and_cross_entropy_of_a_numpy_reference(
   batch = next(s.train_iter)
   params, frozen = jax.device_get((s.state.params, s.state.frozen))  # the step donates them
   _, metrics = s.runner.train(s.runner.place_state(s.state), batch)
-  student, targets, weights = task.apply(s.model, {"params": params}, batch)
+  student, targets, weights = jax.jit(partial(task.apply, s.model))({"params": params}, batch)
   teacher = {"params": frozen["teacher"]}
-  teacher_logits, _, _ = task.apply(task.teacher_model, teacher, batch)
+  teacher_logits, _, _ = jax.jit(partial(task.apply, task.teacher_model))(teacher, batch)
   expected = reference_loss(teacher_logits, student, targets, weights, TAU, ALPHA)
   assert float(metrics["loss"]) == pytest.approx(expected, rel=2e-5)
   # the logged soft term is the KL alone; the evaluation scores the labels' cross-entropy
@@ -75,7 +76,7 @@ def test_the_loss_is_the_mixed_soft_kl_and_cross_entropy_of_a_numpy_reference(
   w = np.asarray(weights, np.float64)
   kl = float(((np.exp(t) * (t - q)).sum(-1) * w).sum() / w.sum())
   assert float(metrics["distill_kl"]) == pytest.approx(kl, rel=2e-5)
-  sums = jax.device_get(eval_step(params, batch, cfg=s.runner.cfg))
+  sums = jax.device_get(jax.jit(partial(eval_step, cfg=s.runner.cfg))(params, batch))
   assert sums["loss_sum"] == pytest.approx(sums["nll_sum"], rel=1e-6)  # no label smoothing
 
 
@@ -99,12 +100,10 @@ def test_the_teacher_is_frozen_checkpointed_and_has_no_optimizer_state(teacher_d
 def test_the_train_step_leaves_the_teacher_bit_identical(teacher_dir, tmp_path):
   exp = experiment.validate(_student_config(teacher_dir))
   s = setup.build(exp, str(tmp_path))
-  before = jax.device_get(s.state.frozen)
-  state, _ = train_step(s.state, next(s.train_iter), cfg=s.runner.cfg)
+  before, params = jax.device_get((s.state.frozen, s.state.params))  # the step donates them
+  state, _ = jax.jit(partial(train_step, cfg=s.runner.cfg))(s.state, next(s.train_iter))
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(state.frozen), before)
-  assert not jax.tree.all(
-    jax.tree.map(np.array_equal, jax.device_get(state.params), jax.device_get(s.state.params))
-  )
+  assert not jax.tree.all(jax.tree.map(np.array_equal, jax.device_get(state.params), params))
 
 
 def test_a_teacher_with_another_vocabulary_is_refused_in_one_line(teacher_dir, tmp_path):

@@ -93,6 +93,7 @@ class CheckpointManager:
       best_mode=best_mode,
       enable_async_checkpointing=async_save,
     )
+    serialisation.write_small_arrays_whole()
     self._manager = ocp.CheckpointManager(
       self._directory,
       options=options,

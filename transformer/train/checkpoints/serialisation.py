@@ -10,6 +10,8 @@ restorable               what orbax restores for a target whose None fields a ch
                          written before those fields existed does not name at all
 config_to_json           a ConfigDict / dataclass / mapping as a JSON-ready dict
 write_config             that dict as `workdir/config.json`, atomically
+write_small_arrays_whole orbax's array handler set to split a replicated array across its
+                         replicas only when each slice is at least REPLICA_SLICE_BYTES
 """
 
 from __future__ import annotations
@@ -23,11 +25,29 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
+from orbax.checkpoint._src.metadata import array_metadata_store
 
 from transformer.data.files import write_atomic
 from transformer.nn import tree
 
 MAX_LISTED = 20  # paths named per category in an error message
+# Orbax writes a replicated array in slices, one per replica, each cut by its own small
+# program (a compilation per new shape, a dispatch per slice and device). That pays for
+# large arrays on many chips; for small ones the cutting costs more than the write (a 20k
+# parameter model's first save on 8 devices: 1,740 slices, 5 s of a 17 s run). The values
+# written are the same either way; only the chunking differs (one zarr chunk per slice).
+REPLICA_SLICE_BYTES = 1 << 20
+
+
+def write_small_arrays_whole() -> None:
+  """Registers orbax's `jax.Array` handler with REPLICA_SLICE_BYTES as its minimum slice
+  (orbax's handlers are per process; idempotent). The store of per-array metadata is the
+  one orbax's default handler has (it records PRNG key types, among others)."""
+  handler = ocp.type_handlers.ArrayHandler(
+    min_slice_bytes_for_replica_parallel=REPLICA_SLICE_BYTES,
+    array_metadata_store=array_metadata_store.Store(),
+  )
+  ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
 
 
 def leaf_names(keypath: Sequence[Any]) -> tuple[str, ...]:
