@@ -309,11 +309,11 @@ def test_unsupported_architectures_and_options_are_one_line(checkpoints, tmp_pat
     c["architectures"] = ["GPT2ForTokenClassification"]
 
   def scaled(c):
-    c["rope_parameters"] = {"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}
+    c["rope_parameters"] = {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 500.0}
 
   cases = [
     (_rewrite(gpt2, tmp_path / "a", edit_config=rename), "GPT2ForTokenClassification"),
-    (_rewrite(llama, tmp_path / "b", edit_config=scaled), "rope_type='linear'"),
+    (_rewrite(llama, tmp_path / "b", edit_config=scaled), "rope_type='dynamic'"),
   ]
   for bad, what in cases:
     with pytest.raises(ValueError) as e:

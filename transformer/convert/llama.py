@@ -1,5 +1,8 @@
 """Llama (`LlamaForCausalLM`): RMSNorm pre-LN, SwiGLU, RoPE, grouped-query attention.
 
+Llama 3.x checkpoints stretch RoPE's frequencies for their long context
+(`rope_type='llama3'`); `linear` scaling is read too (`ModelConfig.rope_scaling`).
+
 Hugging Face's RoPE rotates the pairs (x[i], x[i + H/2]) ("rotate half"), as ours does,
 so q and k projections are copied without permuting columns. SwiGLU: our wi_0 is
 `gate_proj`, wi_1 `up_proj`, wo `down_proj`.
@@ -35,14 +38,39 @@ QWEN2 = "Qwen2ForCausalLM"
 PREFIX = "model."
 
 
-def _rope_theta(hf: Mapping[str, Any], a: str = ARCHITECTURE) -> float:
-  """`rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling` (4.x)."""
-  rope = hf.get("rope_parameters") or {}
-  scaling = hf.get("rope_scaling") or {}
-  rope_type = rope.get("rope_type", scaling.get("rope_type", scaling.get("type", "default")))
-  if rope_type != "default":
-    unsupported(a, "rope_type", rope_type, ("default",))
-  return float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))
+# Hugging Face's `rope_type` -> ours, and its parameters -> our fields (Llama 3.1+: llama3).
+ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+ROPE_FIELDS = {
+  "factor": "rope_scaling_factor",
+  "low_freq_factor": "rope_low_freq_factor",
+  "high_freq_factor": "rope_high_freq_factor",
+  "original_max_position_embeddings": "rope_original_max_len",
+}
+ROPE_USED = {"none": (), "linear": ("factor",), "llama3": tuple(ROPE_FIELDS)}
+
+
+def _rope(hf: Mapping[str, Any], a: str = ARCHITECTURE) -> dict[str, Any]:
+  """Our RoPE fields from `rope_parameters` (transformers 5) or `rope_theta` +
+  `rope_scaling` (4.x)."""
+  rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
+  rope_type = rope.get("rope_type", rope.get("type", "default"))
+  if rope_type not in ROPE_TYPES:
+    unsupported(a, "rope_type", rope_type, tuple(ROPE_TYPES))
+  scaling = ROPE_TYPES[rope_type]
+  fields = {"rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))}
+  fields["rope_scaling"] = scaling
+  for key in ROPE_USED[scaling]:
+    if key not in rope:
+      raise ValueError(f"{a}: rope_type={rope_type!r} needs rope_parameters[{key!r}]")
+    fields[ROPE_FIELDS[key]] = rope[key]
+  return fields
+
+
+def _rope_to_hf(c: ModelConfig) -> dict[str, Any]:
+  """`rope_parameters` for our RoPE fields."""
+  rope_type = next(k for k, v in ROPE_TYPES.items() if v == c.rope_scaling)
+  out = {"rope_type": rope_type, "rope_theta": c.rope_theta}
+  return out | {key: getattr(c, ROPE_FIELDS[key]) for key in ROPE_USED[c.rope_scaling]}
 
 
 def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -68,7 +96,7 @@ def _common(hf: Mapping[str, Any], a: str, bias: bool) -> dict[str, Any]:
     "d_ff": hf["intermediate_size"],
     "max_len": hf["max_position_embeddings"],
     "position": "rope",
-    "rope_theta": _rope_theta(hf, a),
+    **_rope(hf, a),
     "norm": "rmsnorm",
     "norm_position": "pre",
     "norm_eps": hf.get("rms_norm_eps", 1e-6),
@@ -133,7 +161,7 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
     "num_hidden_layers": c.num_layers,
     "intermediate_size": c.d_ff,
     "max_position_embeddings": c.max_len,
-    "rope_parameters": {"rope_type": "default", "rope_theta": c.rope_theta},
+    "rope_parameters": _rope_to_hf(c),
     "rms_norm_eps": c.norm_eps,
     "hidden_act": "silu",
     "attention_bias": c.use_bias,

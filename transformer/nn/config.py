@@ -61,6 +61,12 @@ class ModelConfig:
     "learned"  # sinusoidal | learned | rope | alibi | relative_t5 | relative_shaw | none
   )
   rope_theta: float = 10_000.0  # RoPE base wavelength
+  # RoPE frequencies stretched for a longer context than pretraining's (`positions/rope.py`):
+  rope_scaling: str = "none"  # none | linear (positions / factor) | llama3 (Llama 3.1+)
+  rope_scaling_factor: float = 1.0  # linear, llama3: how many times longer the context is
+  rope_low_freq_factor: float = 1.0  # llama3: wavelengths over L / this are divided by factor
+  rope_high_freq_factor: float = 4.0  # llama3: wavelengths under L / this are kept
+  rope_original_max_len: int = 8192  # llama3: L, the pretraining context
   relative_num_buckets: int = 32  # T5 relative-position buckets
   relative_max_distance: int = 128  # T5: distances beyond this share the last bucket
   shaw_max_distance: int = 16  # Shaw et al.: relative distances clipped to [-k, k]
@@ -194,6 +200,7 @@ def _validate(c: ModelConfig) -> None:
     fail("num_kv_heads", c.num_kv_heads, f"must divide num_heads={c.num_heads}")
   if c.rope_theta <= 0:
     fail("rope_theta", c.rope_theta, "must be > 0")
+  _validate_rope_scaling(c)
   if c.attention_chunk_size <= 0:
     fail("attention_chunk_size", c.attention_chunk_size, "must be > 0")
   for field in ("splash_block_q", "splash_block_kv"):
@@ -204,6 +211,27 @@ def _validate(c: ModelConfig) -> None:
     fail("attention_scale", c.attention_scale, "must be > 0 or None (H**-0.5)")
   _validate_moe(c)
   _validate_lora(c)
+
+
+ROPE_SCALINGS = ("none", "linear", "llama3")
+
+
+def _validate_rope_scaling(c: ModelConfig) -> None:
+  if c.rope_scaling not in ROPE_SCALINGS:
+    fail("rope_scaling", c.rope_scaling, f"must be one of {ROPE_SCALINGS}")
+  if c.rope_scaling == "none":
+    return
+  if c.position != "rope":
+    fail("rope_scaling", c.rope_scaling, f"needs position='rope', got {c.position!r}")
+  if not (_is_number(c.rope_scaling_factor) and c.rope_scaling_factor > 0):
+    fail("rope_scaling_factor", c.rope_scaling_factor, "must be > 0")
+  if c.rope_scaling != "llama3":
+    return
+  if not (_is_int(c.rope_original_max_len) and c.rope_original_max_len > 0):
+    fail("rope_original_max_len", c.rope_original_max_len, "must be an int > 0")
+  low, high = c.rope_low_freq_factor, c.rope_high_freq_factor
+  if not (_is_number(low) and _is_number(high) and 0 < low < high):
+    fail("rope_high_freq_factor", high, f"must be > rope_low_freq_factor={low!r} > 0")
 
 
 def _is_int(value: Any) -> bool:

@@ -1,27 +1,56 @@
-"""Rotary position embedding (Su et al. 2021): queries and keys rotated by position."""
+"""Rotary position embedding (Su et al. 2021): queries and keys rotated by position.
+
+Frequencies for a context longer than pretraining's (`ModelConfig.rope_scaling`), as
+Hugging Face's `modeling_rope_utils` computes them:
+- linear (position interpolation, Chen et al. 2023): every frequency divided by the factor;
+- llama3 (Llama 3.1+): wavelengths longer than L / low_freq_factor divided by the factor,
+  those shorter than L / high_freq_factor kept, and those between interpolated smoothly,
+  L being the pretraining context (`rope_original_max_len`).
+"""
 
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.nn.config import fail
+from transformer.nn.config import ModelConfig, fail
 from transformer.nn.positions.base import Position
 
 
-def rope_frequencies(head_dim: int, theta: float = 10_000.0) -> np.ndarray:
-  """Inverse frequencies theta^(-2i/H) for i < H/2, float64 [H/2]."""
-  return theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+def rope_frequencies(
+  head_dim: int, theta: float = 10_000.0, config: ModelConfig | None = None
+) -> np.ndarray:
+  """Inverse frequencies theta^(-2i/H) for i < H/2, float64 [H/2], scaled as
+  `config.rope_scaling` says (none without a config)."""
+  inv_freq = theta ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+  scaling = "none" if config is None else config.rope_scaling
+  if scaling == "none":
+    return inv_freq
+  factor = config.rope_scaling_factor
+  if scaling == "linear":
+    return inv_freq / factor
+  low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
+  context = config.rope_original_max_len
+  wavelength = 2 * math.pi / inv_freq
+  smooth = (context / wavelength - low) / (high - low)  # 0 at L / low, 1 at L / high
+  between = (1 - smooth) * inv_freq / factor + smooth * inv_freq
+  out = np.where(wavelength > context / low, inv_freq / factor, between)
+  return np.where(wavelength < context / high, inv_freq, out)
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, theta: float = 10_000.0) -> jax.Array:
+def apply_rope(
+  x: jax.Array, positions: jax.Array, theta: float = 10_000.0, config: ModelConfig | None = None
+) -> jax.Array:
   """Rotary position embedding, rotating feature pairs (x[i], x[i + H/2]) ("rotate half").
 
   x: [B, T, N, H]; positions: [B, T] ints. Scores q_t . k_s then depend on s - t only.
+  `config` gives the frequencies' scaling (`rope_frequencies`).
   """
   head_dim = x.shape[-1]
-  inv_freq = jnp.asarray(rope_frequencies(head_dim, theta), jnp.float32)  # [H/2]
+  inv_freq = jnp.asarray(rope_frequencies(head_dim, theta, config), jnp.float32)  # [H/2]
   angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
   sin = jnp.sin(angles)[:, :, None, :]  # [B, T, 1, H/2]
   cos = jnp.cos(angles)[:, :, None, :]  # [B, T, 1, H/2]
@@ -34,7 +63,7 @@ class Rope(Position):
   """Rotates self-attention queries and keys with base wavelength `config.rope_theta`."""
 
   def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-    return apply_rope(x, positions, self.config.rope_theta)
+    return apply_rope(x, positions, self.config.rope_theta, self.config)
 
   def validate(self) -> None:
     c = self.config
