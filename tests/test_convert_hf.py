@@ -106,16 +106,20 @@ def checkpoints(tmp_path_factory):
   """Architecture -> (the HF model in eval mode, its save_pretrained directory)."""
   out = {}
   for i, (name, build) in enumerate(BUILDERS.items()):
-    torch.manual_seed(i)
-    model = build().eval()
-    with torch.no_grad():  # non-trivial norms and biases, so a swapped tensor shows
-      for pname, p in model.named_parameters():
-        if pname.endswith("bias") or "norm" in pname.lower():
-          p.add_(0.1 * torch.randn_like(p))
-    path = tmp_path_factory.mktemp(name)
-    model.save_pretrained(path)
-    out[name] = (model, path)
+    out[name] = saved(build, i, tmp_path_factory.mktemp(name))
   return out
+
+
+def saved(build, seed: int, path):
+  """(HF model `build()` in eval mode, perturbed, and `path` where it is saved)."""
+  torch.manual_seed(seed)
+  model = build().eval()
+  with torch.no_grad():  # non-trivial norms and biases, so a swapped tensor shows
+    for pname, p in model.named_parameters():
+      if pname.endswith("bias") or "norm" in pname.lower():
+        p.add_(0.1 * torch.randn_like(p))
+  model.save_pretrained(path)
+  return model, path
 
 
 def _inputs(arch: str) -> dict[str, np.ndarray]:
@@ -162,9 +166,9 @@ def _real(arch: str, logits: np.ndarray, x: dict[str, np.ndarray]) -> np.ndarray
   return logits if logits.ndim == 2 else logits[x["mask"] > 0]
 
 
-@pytest.mark.parametrize("arch", list(BUILDERS))
-def test_import_matches_hf_and_export_round_trips(arch, checkpoints, tmp_path):
-  model, path = checkpoints[arch]
+def check_parity_and_round_trip(arch: str, model, path, out) -> None:
+  """The checkpoint at `path` (saved from HF's `model`) imports to HF's logits in fp32 and
+  bf16, exports to `out`, which HF loads to the same logits, and re-imports bit for bit."""
   x = _inputs(arch)
   want = _real(arch, _hf_logits(arch, model, x), x)
 
@@ -178,7 +182,6 @@ def test_import_matches_hf_and_export_round_trips(arch, checkpoints, tmp_path):
   bf16 = _real(arch, _our_logits(arch, bf16_config, bf16_params, x), x)
   np.testing.assert_allclose(bf16, want, atol=2e-2 * max(1.0, np.abs(want).max()), rtol=0)
 
-  out = tmp_path / "export"
   convert.save(out, config, params, arch)
   reloaded = getattr(transformers, arch).from_pretrained(out).eval()
   np.testing.assert_allclose(_real(arch, _hf_logits(arch, reloaded, x), x), ours, atol=1e-4, rtol=0)
@@ -186,6 +189,26 @@ def test_import_matches_hf_and_export_round_trips(arch, checkpoints, tmp_path):
   assert config2 == config
   jax.tree.map(np.testing.assert_array_equal, params2, params)  # bit-identical
   assert jax.tree.structure(params2) == jax.tree.structure(params)
+
+
+def check_greedy(model, path) -> None:
+  """Greedy continuations of ragged (left-padded) prompts equal HF `generate`'s."""
+  config, params = convert.load(path)
+  rng = np.random.default_rng(1)
+  prompts = [rng.integers(1, VOCAB, n).tolist() for n in (5, 8, 3)]  # ragged: left-padded
+  ours = generate(build_model(config), params, prompts, max_new_tokens=32, eos_id=None)
+  for prompt, row in zip(prompts, np.asarray(ours.tokens), strict=True):
+    with torch.no_grad():
+      theirs = model.generate(
+        torch.tensor([prompt]), max_new_tokens=32, do_sample=False, pad_token_id=0
+      )[0, len(prompt) :].numpy()
+    np.testing.assert_array_equal(row, theirs)
+
+
+@pytest.mark.parametrize("arch", list(BUILDERS))
+def test_import_matches_hf_and_export_round_trips(arch, checkpoints, tmp_path):
+  model, path = checkpoints[arch]
+  check_parity_and_round_trip(arch, model, path, tmp_path / "export")
 
 
 def test_llama_head_dim_mqa_tied_and_biased(tmp_path):
@@ -211,17 +234,7 @@ def test_llama_head_dim_mqa_tied_and_biased(tmp_path):
 
 @pytest.mark.parametrize("arch", CAUSAL)
 def test_greedy_generation_matches_hf(arch, checkpoints):
-  model, path = checkpoints[arch]
-  config, params = convert.load(path)
-  rng = np.random.default_rng(1)
-  prompts = [rng.integers(1, VOCAB, n).tolist() for n in (5, 8, 3)]  # ragged: left-padded
-  ours = generate(build_model(config), params, prompts, max_new_tokens=32, eos_id=None)
-  for prompt, row in zip(prompts, np.asarray(ours.tokens), strict=True):
-    with torch.no_grad():
-      theirs = model.generate(
-        torch.tensor([prompt]), max_new_tokens=32, do_sample=False, pad_token_id=0
-      )[0, len(prompt) :].numpy()
-    np.testing.assert_array_equal(row, theirs)
+  check_greedy(*checkpoints[arch])
 
 
 def test_sharded_checkpoints_load_and_save(checkpoints, tmp_path):

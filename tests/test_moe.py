@@ -98,7 +98,8 @@ def reference_moe(p, x, valid, c: ModelConfig) -> tuple[np.ndarray, int]:
           continue
         used[expert] += 1
         top = probs[row, i, choice[i]]
-        gate = top[j] / top.sum() if k > 1 else top[j]
+        normalise = k > 1 if c.moe_norm_topk is None else c.moe_norm_topk
+        gate = top[j] / top.sum() if normalise else top[j]
         y[row, i] += gate * _expert(p, expert, x[row, i], c.activation)
   return y, dropped
 
@@ -116,8 +117,10 @@ def _apply_layer(c, params, x, valid):
     dict(moe_top_k=2, activation="swiglu", use_bias=False),  # Mixtral: dropless, top-2
     dict(moe_top_k=2, activation="relu", moe_capacity_factor=0.5),  # GShard order, drops
     dict(moe_top_k=1, activation="gelu", moe_capacity_factor=1.0),  # Switch, drops
+    dict(moe_top_k=3, activation="swiglu", moe_norm_topk=False),  # Qwen3-MoE: raw top-k
+    dict(moe_top_k=1, activation="swiglu", moe_norm_topk=True),  # Mixtral's top-1: gate 1
   ],
-  ids=["top2-dropless", "top2-capacity", "top1-capacity"],
+  ids=["top2-dropless", "top2-capacity", "top1-capacity", "top3-raw", "top1-normalised"],
 )
 def test_layer_equals_numpy_reference(fields):
   c = _config(**fields)
@@ -318,6 +321,7 @@ def test_analytic_counts_equal_real_parameter_counts():
     (dict(moe_every=3), r"ModelConfig.moe_every=3: must be an integer in \[1, num_layers=2\]"),
     (dict(moe_capacity_factor=0.0), "ModelConfig.moe_capacity_factor=0.0: must be a number > 0"),
     (dict(scan_layers=True, moe_every=2), "ModelConfig.moe_every=2: must be 1 with scan_layers"),
+    (dict(moe_norm_topk="yes"), r"ModelConfig.moe_norm_topk='yes': must be True, False or None"),
   ],
 )
 def test_bad_moe_fields_are_one_line(fields, message):

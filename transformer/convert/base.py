@@ -120,6 +120,19 @@ def norm(ours: str, hf: str, bias: bool = True) -> list[Rule]:
   return rules + ([same(f"{ours}/bias", f"{hf}.bias")] if bias else [])
 
 
+def experts(ours: str, hf: tuple[str, ...]) -> Rule:
+  """One nn.Linear weight [out, in] per expert (`hf`, expert 0 first) <-> our expert kernel
+  `ours`/kernel [E, in, out]."""
+
+  def to_ours(*weights):
+    return (np.stack([w.T for w in weights]),)  # [E, in, out]
+
+  def to_hf(kernel):
+    return tuple(kernel[e].T for e in range(len(hf)))
+
+  return Rule((f"{ours}/kernel",), tuple(f"{name}.weight" for name in hf), to_ours, to_hf)
+
+
 def heads_in(ours: str, hf: str, heads: int, head_dim: int, bias: bool = True) -> list[Rule]:
   """q/k/v nn.Linear [N*H, D] (+ [N*H]) <-> DenseGeneral kernel [D, N, H] (+ [N, H])."""
 
@@ -185,6 +198,8 @@ PLAIN = {
   "attention_scale": None,
   "scale_logits": False,
   "attention_head_dim": None,
+  "qk_norm": False,
+  "moe_experts": 0,
 }
 
 

@@ -78,10 +78,10 @@ def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   bias = (hf.get("attention_bias", False), hf.get("mlp_bias", False))
   if bias[0] != bias[1]:  # one ModelConfig.use_bias covers attention and feed-forward
     unsupported(a, "(attention_bias, mlp_bias)", bias, ((False, False), (True, True)))
-  return _common(hf, a, bool(bias[0]))
+  return common(hf, a, bool(bias[0]))
 
 
-def _common(hf: Mapping[str, Any], a: str, bias: bool) -> dict[str, Any]:
+def common(hf: Mapping[str, Any], a: str, bias: bool) -> dict[str, Any]:
   """The fields every Llama-family config shares; `bias` = biases on every projection."""
   require(hf, a, "hidden_act", ("silu",))
   d, n = hf["hidden_size"], hf["num_attention_heads"]
@@ -113,10 +113,11 @@ def _common(hf: Mapping[str, Any], a: str, bias: bool) -> dict[str, Any]:
 
 
 def mistral_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
-  return {**_common(hf, MISTRAL, False), "sliding_window": hf.get("sliding_window")}
+  return {**common(hf, MISTRAL, False), "sliding_window": hf.get("sliding_window")}
 
 
-def qwen2_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+def qwen_window(hf: Mapping[str, Any], a: str) -> int | None:
+  """ModelConfig.sliding_window of a Qwen config (`use_sliding_window`, `layer_types`)."""
   window = hf.get("sliding_window") if hf.get("use_sliding_window", False) else None
   layers = hf["num_hidden_layers"]
   kinds = hf.get("layer_types") or ["full_attention"] * layers
@@ -124,14 +125,17 @@ def qwen2_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     kinds = ["full_attention"] * layers
   if len(set(kinds)) > 1:
     unsupported(
-      QWEN2,
+      a,
       "layer_types",
       "a mix of sliding_attention and full_attention",
       ("every layer full_attention", "every layer sliding_attention"),
     )
-  fields = {**_common(hf, QWEN2, False), "qkv_bias": True}
-  fields["sliding_window"] = window if kinds[0] == "sliding_attention" else None
-  return fields
+  return window if kinds[0] == "sliding_attention" else None
+
+
+def qwen2_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  fields = {**common(hf, QWEN2, False), "qkv_bias": True}
+  return fields | {"sliding_window": qwen_window(hf, QWEN2)}
 
 
 def mistral_to_hf(c: ModelConfig) -> dict[str, Any]:
@@ -141,13 +145,19 @@ def mistral_to_hf(c: ModelConfig) -> dict[str, Any]:
   return out
 
 
-def qwen2_to_hf(c: ModelConfig) -> dict[str, Any]:
-  out = mistral_to_hf(c)
+def qwen_window_to_hf(c: ModelConfig) -> dict[str, Any]:
+  """The window fields of a Qwen config.json for ModelConfig.sliding_window."""
   window = c.sliding_window is not None
-  out.update(model_type="qwen2", use_sliding_window=window, sliding_window=c.sliding_window)
-  out.update(max_window_layers=0 if window else c.num_layers)
-  out["layer_types"] = ["sliding_attention" if window else "full_attention"] * c.num_layers
-  return out
+  return {
+    "use_sliding_window": window,
+    "sliding_window": c.sliding_window,
+    "max_window_layers": 0 if window else c.num_layers,
+    "layer_types": ["sliding_attention" if window else "full_attention"] * c.num_layers,
+  }
+
+
+def qwen2_to_hf(c: ModelConfig) -> dict[str, Any]:
+  return mistral_to_hf(c) | {"model_type": "qwen2"} | qwen_window_to_hf(c)
 
 
 def config_to_hf(c: ModelConfig) -> dict[str, Any]:
@@ -171,22 +181,36 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
   }
 
 
-def rules(c: ModelConfig) -> list[Rule]:
+def decoder_rules(c: ModelConfig, feed_forward) -> list[Rule]:
+  """The tensors of a Llama-shaped decoder; `feed_forward(c, ours_layer, hf_layer, i)` gives
+  layer i's feed-forward rules (dense SwiGLU, or a mixture of experts)."""
   n, k, h, bias, qkv = c.num_heads, c.kv_heads, c.head_dim, c.use_bias, c.qkv_biases
   out = [same("token_embed/embedding", f"{PREFIX}embed_tokens.weight")]
   for i in range(c.num_layers):
     ours, hf = f"decoder/layer_{i}", f"{PREFIX}layers.{i}"
     projections = tuple(f"{hf}.self_attn.{x}_proj" for x in "qkvo")
     out += attention(f"{ours}/self_attention", projections, n, h, k, qkv_bias=qkv, out_bias=bias)
+    if c.qk_norm:  # Qwen3: one RMSNorm scale [H] for the query heads, one for the key heads
+      out += norm(f"{ours}/self_attention/query_norm", f"{hf}.self_attn.q_norm", bias=False)
+      out += norm(f"{ours}/self_attention/key_norm", f"{hf}.self_attn.k_norm", bias=False)
     out += norm(f"{ours}/self_attention_norm", f"{hf}.input_layernorm", bias=False)
     out += norm(f"{ours}/ffn_norm", f"{hf}.post_attention_layernorm", bias=False)
-    out += linear(f"{ours}/ffn/wi_0", f"{hf}.mlp.gate_proj", bias)
-    out += linear(f"{ours}/ffn/wi_1", f"{hf}.mlp.up_proj", bias)
-    out += linear(f"{ours}/ffn/wo", f"{hf}.mlp.down_proj", bias)
+    out += feed_forward(c, ours, hf, i)
   out += norm("decoder/final_norm", f"{PREFIX}norm", bias=False)
   if not c.tie_embeddings:
     out += linear("lm_head", "lm_head", bias=False)
   return out
+
+
+def swiglu(c: ModelConfig, ours: str, hf: str, i: int) -> list[Rule]:
+  """A dense SwiGLU feed-forward: wi_0 = gate_proj, wi_1 = up_proj, wo = down_proj."""
+  out = linear(f"{ours}/ffn/wi_0", f"{hf}.mlp.gate_proj", c.use_bias)
+  out += linear(f"{ours}/ffn/wi_1", f"{hf}.mlp.up_proj", c.use_bias)
+  return out + linear(f"{ours}/ffn/wo", f"{hf}.mlp.down_proj", c.use_bias)
+
+
+def rules(c: ModelConfig) -> list[Rule]:
+  return decoder_rules(c, swiglu)
 
 
 CONVERTERS = {

@@ -101,6 +101,8 @@ class ModelConfig:
   # Mixture of experts (`moe.py`): the FFN of every moe_every-th layer becomes E experts.
   moe_experts: int = 0  # experts E per MoE layer; 0 = dense feed-forward everywhere
   moe_top_k: int = 2  # experts per token: 1 = Switch, 2 = GShard / Mixtral
+  moe_norm_topk: bool | None = None  # gates: the top-k probabilities renormalised to sum to 1
+  # (True, Mixtral), as they are (False, Qwen3-MoE's norm_topk_prob=False); None = top_k > 1
   moe_every: int = 1  # layers moe_every-1, 2*moe_every-1, ... of each stack are MoE
   moe_capacity_factor: float | None = None  # slots ceil(f*K*T/E) per expert and row, tokens
   # beyond dropped (GShard order); None = dropless (jax.lax.ragged_dot)
@@ -249,6 +251,8 @@ def _validate_moe(c: ModelConfig) -> None:
     value = getattr(c, field)
     if not _is_number(value) or value < 0:
       fail(field, value, "must be a number >= 0")
+  if c.moe_norm_topk is not None and not isinstance(c.moe_norm_topk, bool):
+    fail("moe_norm_topk", c.moe_norm_topk, "must be True, False or None (= moe_top_k > 1)")
   if not c.moe_experts:
     return
   if not _is_int(c.moe_top_k) or not 1 <= c.moe_top_k <= c.moe_experts:

@@ -5,14 +5,16 @@ token (top-k), C slots per expert and row (capacity), A = B*T*K token-expert ass
 I and O a projection's input and output dims.
 
 Routing (`route`), in float32 whatever the compute dtype: logits = x W_r (W_r [D, E], no
-bias), p = softmax(logits), the K largest p (ties: the lower expert index). With K = 1
-the gate is p itself (Switch Transformer, Fedus et al. 2022: a gate of 1 would give the
-router no gradient); with K > 1 the K probabilities are renormalised to sum to 1, as
-Mixtral does (softmax, then top-k, then renormalise; GShard normalises its top-2 the
-same way). Each token's output is sum_k gate_k * expert_{e_k}(x); a dropped assignment
-contributes nothing and the other gates are not renormalised (the token's residual
-carries it through, as in GShard and Switch). Padding tokens (segment id 0) are routed
-nowhere: they take no capacity, get output 0 and are left out of the auxiliary losses.
+bias), p = softmax(logits), the K largest p (ties: the lower expert index). By default
+(`moe_norm_topk=None`), with K = 1 the gate is p itself (Switch Transformer, Fedus et al.
+2022: a gate of 1 would give the router no gradient); with K > 1 the K probabilities are
+renormalised to sum to 1, as Mixtral does (softmax, then top-k, then renormalise; GShard
+normalises its top-2 the same way). `moe_norm_topk` True / False renormalises always /
+never (Qwen3-MoE's `norm_topk_prob`). Each token's output is sum_k gate_k *
+expert_{e_k}(x); a dropped assignment contributes nothing and the other gates are not
+renormalised (the token's residual carries it through, as in GShard and Switch). Padding
+tokens (segment id 0) are routed nowhere: they take no capacity, get output 0 and are left
+out of the auxiliary losses.
 
 Two ways to run the experts:
 
@@ -64,12 +66,15 @@ EXPERT_INIT = nn.initializers.variance_scaling(1.0, "fan_avg", "uniform", batch_
 ROUTER_INIT = nn.initializers.xavier_uniform()
 
 
-def route(logits: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def route(
+  logits: jax.Array, k: int, normalise: bool | None = None
+) -> tuple[jax.Array, jax.Array, jax.Array]:
   """(probabilities [..., E], chosen experts [..., K] int32, gates [..., K]) of float32
-  router logits [..., E] (see the module docstring for the gates)."""
+  router logits [..., E]; `normalise` is `moe_norm_topk` (see the module docstring)."""
   probs = jax.nn.softmax(logits, axis=-1)  # [..., E]
   top, experts = lax.top_k(probs, k)  # [..., K] each
-  gates = top / jnp.sum(top, axis=-1, keepdims=True) if k > 1 else top  # [..., K]
+  normalise = k > 1 if normalise is None else normalise
+  gates = top / jnp.sum(top, axis=-1, keepdims=True) if normalise else top  # [..., K]
   return probs, experts.astype(jnp.int32), gates
 
 
@@ -168,7 +173,7 @@ class MoEFeedForward(nn.Module):
     logits = jnp.einsum(
       "BTD,DE->BTE", x.astype(jnp.float32), router, precision=lax.Precision.HIGHEST
     )  # [B, T, E]
-    probs, experts, gates = route(logits, k)  # [B, T, E], [B, T, K], [B, T, K]
+    probs, experts, gates = route(logits, k, c.moe_norm_topk)  # [B, T, E], [B, T, K], [B, T, K]
     gates = gates * valid[..., None]  # [B, T, K]
     self.sow(AUX_COLLECTION, BALANCE, balance_loss(probs, experts, valid))
     self.sow(AUX_COLLECTION, Z_LOSS, router_z_loss(logits, valid))

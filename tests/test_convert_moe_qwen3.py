@@ -1,0 +1,132 @@
+"""Qwen3 (QK-norm, head_dim apart from D / N), Qwen3-MoE and Mixtral against `transformers`.
+
+The tiny models follow tests/test_convert_hf.py (width 32, 2 layers, vocabulary 100,
+perturbed norms and biases) and pass the same checks: logits on padded inputs in fp32 and
+bf16, export that `from_pretrained` loads to the same logits, bit-identical re-import,
+and greedy continuations equal to HF `generate`. The MoE models have 4 experts, top-2:
+Mixtral renormalises the two gates, this Qwen3-MoE does not (`norm_topk_prob=False`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+import test_convert_hf as parity  # its tiny sizes, inputs and checks
+import transformers
+
+from transformer import convert
+
+V, FFN, MAX_LEN = parity.VOCAB, parity.FFN, parity.MAX_LEN
+SHARED = dict(bos_token_id=None, eos_token_id=None, pad_token_id=0, **parity.COMMON, **parity.INIT)
+
+
+def _qwen3():
+  """head_dim 16 (D / N is 8), two KV heads, a tied head: Qwen3-0.6B's shape."""
+  return transformers.Qwen3ForCausalLM(
+    transformers.Qwen3Config(
+      vocab_size=V, intermediate_size=FFN, num_key_value_heads=2, head_dim=16,
+      max_position_embeddings=MAX_LEN, tie_word_embeddings=True, **SHARED,
+    )
+  )  # fmt: skip
+
+
+def _qwen3_moe():
+  return transformers.Qwen3MoeForCausalLM(
+    transformers.Qwen3MoeConfig(
+      vocab_size=V, intermediate_size=FFN, moe_intermediate_size=24, num_experts=4,
+      num_experts_per_tok=2, norm_topk_prob=False, num_key_value_heads=2, head_dim=8,
+      max_position_embeddings=MAX_LEN, **SHARED,
+    )
+  )  # fmt: skip
+
+
+def _mixtral():
+  return transformers.MixtralForCausalLM(
+    transformers.MixtralConfig(
+      vocab_size=V, intermediate_size=FFN, num_local_experts=4, num_experts_per_tok=2,
+      num_key_value_heads=2, max_position_embeddings=MAX_LEN, **SHARED,
+    )
+  )  # fmt: skip
+
+
+BUILDERS = {
+  "Qwen3ForCausalLM": _qwen3,
+  "Qwen3MoeForCausalLM": _qwen3_moe,
+  "MixtralForCausalLM": _mixtral,
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+  return {
+    name: parity.saved(build, 20 + i, tmp_path_factory.mktemp(name))
+    for i, (name, build) in enumerate(BUILDERS.items())
+  }
+
+
+@pytest.mark.parametrize("arch", list(BUILDERS))
+def test_import_matches_hf_and_export_round_trips(arch, checkpoints, tmp_path):
+  parity.check_parity_and_round_trip(arch, *checkpoints[arch], tmp_path / "export")
+
+
+@pytest.mark.parametrize("arch", list(BUILDERS))
+def test_greedy_generation_matches_hf(arch, checkpoints):
+  parity.check_greedy(*checkpoints[arch])
+
+
+def test_configs_carry_the_options(checkpoints):
+  qwen3 = convert.load(checkpoints["Qwen3ForCausalLM"][1])[0]
+  assert qwen3.qk_norm and qwen3.head_dim == 16 and qwen3.tie_embeddings
+  moe = convert.load(checkpoints["Qwen3MoeForCausalLM"][1])[0]
+  assert (moe.moe_experts, moe.moe_top_k, moe.moe_norm_topk, moe.d_ff) == (4, 2, False, 24)
+  assert moe.qk_norm and moe.moe_capacity_factor is None
+  mixtral = convert.load(checkpoints["MixtralForCausalLM"][1])[0]
+  assert (mixtral.moe_experts, mixtral.moe_norm_topk, mixtral.qk_norm) == (4, True, False)
+
+
+def test_the_gates_matter(checkpoints):
+  """The other gate normalisation gives other logits, so the parity above tests it."""
+  arch = "Qwen3MoeForCausalLM"
+  config, params = convert.load(checkpoints[arch][1])
+  x = parity._inputs(arch)
+  ours = parity._our_logits(arch, config, params, x)
+  other = parity._our_logits(arch, config.replace(moe_norm_topk=True), params, x)
+  assert np.abs(ours - other).max() > 1e-2
+
+
+def _edited(src, dst, **changes):
+  dst.mkdir()
+  for f in src.iterdir():
+    (dst / f.name).write_bytes(f.read_bytes())
+  config = json.loads((dst / "config.json").read_text())
+  (dst / "config.json").write_text(json.dumps(config | changes))
+  return dst
+
+
+@pytest.mark.parametrize(
+  "arch, changes, message",
+  [
+    ("Qwen3MoeForCausalLM", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
+    ("Qwen3MoeForCausalLM", {"mlp_only_layers": [0]}, "mlp_only_layers=[0]"),
+    ("Qwen3ForCausalLM", {"attention_bias": True}, "attention_bias=True"),
+    ("MixtralForCausalLM", {"router_jitter_noise": 0.1}, "router_jitter_noise=0.1"),
+  ],
+)
+def test_options_we_lack_are_refused_in_one_line(arch, changes, message, checkpoints, tmp_path):
+  bad = _edited(checkpoints[arch][1], tmp_path / "bad", **changes)
+  with pytest.raises(ValueError, match=re.escape(f"{arch}: {message} is not supported")) as e:
+    convert.load(bad)
+  assert "\n" not in str(e.value)
+
+
+def test_a_model_with_options_an_architecture_lacks_is_not_exported_as_it(checkpoints, tmp_path):
+  """QK-norm or experts would be dropped by a Llama config.json: refused in one line."""
+  qwen3, params = convert.load(checkpoints["Qwen3ForCausalLM"][1])
+  with pytest.raises(ValueError, match=r"LlamaForCausalLM cannot express ModelConfig.qk_norm"):
+    convert.save(tmp_path / "a", qwen3, params, "LlamaForCausalLM")
+  mixtral, params = convert.load(checkpoints["MixtralForCausalLM"][1])
+  with pytest.raises(ValueError, match=r"MistralForCausalLM cannot express ModelConfig.moe_exp"):
+    convert.save(tmp_path / "b", mixtral, params, "MistralForCausalLM")
