@@ -44,6 +44,11 @@ def gelu(x: np.ndarray) -> np.ndarray:
   return 0.5 * x * (1.0 + _erf(x / math.sqrt(2.0)))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+  """GELU's tanh approximation (Hendrycks & Gimpel 2016; GPT-2, Gemma's GeGLU)."""
+  return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
 def silu(x: np.ndarray) -> np.ndarray:
   return x / (1.0 + np.exp(-x))
 
@@ -71,15 +76,15 @@ def layer_norm(x: np.ndarray, p: Params, eps: float) -> np.ndarray:
   return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
 
 
-def rms_norm(x: np.ndarray, p: Params, eps: float) -> np.ndarray:
-  """Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * scale."""
-  return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * p["scale"]
+def rms_norm(x: np.ndarray, p: Params, eps: float, plus_one: bool = False) -> np.ndarray:
+  """Zhang & Sennrich 2019: x / sqrt(mean(x^2) + eps) * scale; Gemma: * (1 + scale)."""
+  return x / np.sqrt((x**2).mean(-1, keepdims=True) + eps) * (plus_one + p["scale"])
 
 
 def norm(x: np.ndarray, p: Params, config) -> np.ndarray:
   if config.norm == "layernorm":
     return layer_norm(x, p, config.norm_eps)
-  return rms_norm(x, p, config.norm_eps)
+  return rms_norm(x, p, config.norm_eps, config.norm_scale_plus_one)
 
 
 def dense(x: np.ndarray, p: Params) -> np.ndarray:
@@ -98,6 +103,8 @@ def feed_forward(x: np.ndarray, p: Params, activation: str) -> np.ndarray:
     h = silu(dense(x, p["wi_0"])) * dense(x, p["wi_1"])
   elif activation == "geglu":
     h = gelu(dense(x, p["wi_0"])) * dense(x, p["wi_1"])
+  elif activation == "geglu_tanh":
+    h = gelu_tanh(dense(x, p["wi_0"])) * dense(x, p["wi_1"])
   else:
     raise ValueError(activation)
   return dense(h, p["wo"])
@@ -264,8 +271,8 @@ def multi_head_attention(
   k = dense(kv_input, p["key"])  # [B, S, K, H]
   v = dense(kv_input, p["value"])
   if config.qk_norm:  # QK-norm: RMSNorm of every query / key head over H, before RoPE
-    q = rms_norm(q, p["query_norm"], config.norm_eps)
-    k = rms_norm(k, p["key_norm"], config.norm_eps)
+    q = rms_norm(q, p["query_norm"], config.norm_eps, config.norm_scale_plus_one)
+    k = rms_norm(k, p["key_norm"], config.norm_eps, config.norm_scale_plus_one)
   bias = None
   pos = None if is_cross else config.position
   relative = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]: key - query

@@ -50,6 +50,19 @@ DECODER_CASES = {
     scale_embeddings=True,
     num_kv_heads=1,
   ),
+  # Gemma: RMSNorm by (1 + scale), embeddings * sqrt(D), tanh GeGLU, H = 2 D / N, MQA;
+  # with QK-norm (1 + scale) too, as Gemma 3 has.
+  "gemma-plus-one-norms": dict(
+    position="rope",
+    norm="rmsnorm",
+    norm_scale_plus_one=True,
+    scale_embeddings=True,
+    activation="geglu_tanh",
+    attention_head_dim=32,
+    num_kv_heads=1,
+    qk_norm=True,
+    use_bias=False,
+  ),
 }
 
 

@@ -200,6 +200,7 @@ PLAIN = {
   "attention_head_dim": None,
   "qk_norm": False,
   "moe_experts": 0,
+  "norm_scale_plus_one": False,
 }
 
 

@@ -81,9 +81,15 @@ def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   return common(hf, a, bool(bias[0]))
 
 
-def common(hf: Mapping[str, Any], a: str, bias: bool) -> dict[str, Any]:
-  """The fields every Llama-family config shares; `bias` = biases on every projection."""
-  require(hf, a, "hidden_act", ("silu",))
+SWIGLU = {"silu": "swiglu"}  # Hugging Face `hidden_act` of the gate -> our gated activation
+
+
+def common(
+  hf: Mapping[str, Any], a: str, bias: bool, activations: Mapping[str, str] = SWIGLU
+) -> dict[str, Any]:
+  """The fields every Llama-family config shares; `bias` = biases on every projection,
+  `activations` the `hidden_act` values the family may have -> our activation."""
+  act = activations[require(hf, a, "hidden_act", tuple(activations))]
   d, n = hf["hidden_size"], hf["num_attention_heads"]
   k = hf.get("num_key_value_heads") or n
   head_dim = hf.get("head_dim") or d // n
@@ -100,7 +106,7 @@ def common(hf: Mapping[str, Any], a: str, bias: bool) -> dict[str, Any]:
     "norm": "rmsnorm",
     "norm_position": "pre",
     "norm_eps": hf.get("rms_norm_eps", 1e-6),
-    "activation": "swiglu",
+    "activation": act,
     "use_bias": bias,
     "tie_embeddings": hf.get("tie_word_embeddings", False),
     "type_vocab_size": 0,

@@ -20,7 +20,7 @@ from transformer.nn import cache_attention
 from transformer.nn.config import ModelConfig
 from transformer.nn.kernel_rules import attention_options
 from transformer.nn.kernels import dot_product_attention
-from transformer.nn.layers import make_dense_general
+from transformer.nn.layers import make_dense_general, rms_norm
 from transformer.nn.masks import MaskInfo
 from transformer.nn.partitioning import constrain
 from transformer.nn.positions import position_for
@@ -29,7 +29,7 @@ from transformer.nn.positions import position_for
 def _qk_norm(c: ModelConfig, name: str) -> nn.Module:
   """RMSNorm over the head dim H with a learned scale [H] shared by the heads (Qwen3,
   Gemma 3; ViT-22B uses LayerNorm there, OLMo 2 normalises all N*H features at once)."""
-  return nn.RMSNorm(epsilon=c.norm_eps, dtype=jnp.dtype(c.dtype), name=name)
+  return rms_norm(c, name)
 
 
 def _normed(project: nn.Module, norm: nn.Module, inputs: jax.Array) -> jax.Array:

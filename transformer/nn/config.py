@@ -73,6 +73,7 @@ class ModelConfig:
   norm: str = "layernorm"  # layernorm | rmsnorm
   norm_position: str = "pre"  # pre (pre-LN, final norm) | post (post-LN, Vaswani et al.)
   norm_eps: float = 1e-5  # epsilon inside the norm
+  norm_scale_plus_one: bool = False  # RMSNorm multiplies by (1 + scale), scale init 0 (Gemma)
   activation: str = "gelu"  # relu | gelu | gelu_tanh (GPT-2) | swiglu | geglu | geglu_tanh (T5)
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2: True); None = use_bias
@@ -192,8 +193,11 @@ def _validate(c: ModelConfig) -> None:
       fail(field, value, "must be in [0, 1)")
   if c.qkv_bias is not None and not isinstance(c.qkv_bias, bool):
     fail("qkv_bias", c.qkv_bias, "must be True, False or None (= use_bias)")
-  if not isinstance(c.qk_norm, bool):
-    fail("qk_norm", c.qk_norm, "must be True or False")
+  for field in ("qk_norm", "norm_scale_plus_one"):
+    if not isinstance(getattr(c, field), bool):
+      fail(field, getattr(c, field), "must be True or False")
+  if c.norm_scale_plus_one and c.norm != "rmsnorm":
+    fail("norm_scale_plus_one", True, f"needs norm='rmsnorm', got {c.norm!r}")
   if c.norm_eps <= 0:
     fail("norm_eps", c.norm_eps, "must be > 0")
   if c.attention_head_dim is None and c.d_model % c.num_heads:

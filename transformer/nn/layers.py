@@ -25,13 +25,35 @@ def compute_dtype(config: ModelConfig) -> jnp.dtype:
   return jnp.dtype(config.dtype)
 
 
+class PlusOneRMSNorm(nn.Module):
+  """RMSNorm scaled by (1 + scale), scale [D] initialised to 0 (Gemma): x / sqrt(mean(x^2)
+  + eps) * (1 + scale), all in float32, then cast to `dtype`."""
+
+  epsilon: float
+  dtype: jnp.dtype
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param("scale", nn.initializers.zeros, (x.shape[-1],))  # [D]
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.epsilon)
+    return (y * (1.0 + scale)).astype(self.dtype)
+
+
+def rms_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
+  """RMSNorm (Zhang & Sennrich 2019: scale only, no mean subtraction) over the last axis;
+  its scale applied as (1 + scale) with `config.norm_scale_plus_one`."""
+  if config.norm_scale_plus_one:
+    return PlusOneRMSNorm(config.norm_eps, compute_dtype(config), name=name)
+  return nn.RMSNorm(epsilon=config.norm_eps, dtype=compute_dtype(config), name=name)
+
+
 NORMS = {
   # Ba et al. 2016: scale and bias; the two-pass variance (`use_fast_variance=False`).
   "layernorm": lambda c, name: nn.LayerNorm(
     epsilon=c.norm_eps, dtype=compute_dtype(c), use_fast_variance=False, name=name
   ),
-  # Zhang & Sennrich 2019: scale only, no mean subtraction.
-  "rmsnorm": lambda c, name: nn.RMSNorm(epsilon=c.norm_eps, dtype=compute_dtype(c), name=name),
+  "rmsnorm": rms_norm,
 }
 
 

@@ -1,4 +1,5 @@
-"""Qwen3 (QK-norm, head_dim apart from D / N), Qwen3-MoE and Mixtral against `transformers`.
+"""Gemma 1, Qwen3 (QK-norm, head_dim apart from D / N), Qwen3-MoE and Mixtral against
+`transformers`.
 
 The tiny models follow tests/test_convert_hf.py (width 32, 2 layers, vocabulary 100,
 perturbed norms and biases) and pass the same checks: logits on padded inputs in fp32 and
@@ -52,7 +53,18 @@ def _mixtral():
   )  # fmt: skip
 
 
+def _gemma():
+  """Gemma 1: (1 + w) norms, embeddings * sqrt(D), tanh GeGLU, head_dim 16 > D / N, MQA."""
+  return transformers.GemmaForCausalLM(
+    transformers.GemmaConfig(
+      vocab_size=V, intermediate_size=FFN, num_key_value_heads=1, head_dim=16,
+      max_position_embeddings=MAX_LEN, **SHARED,
+    )
+  )  # fmt: skip
+
+
 BUILDERS = {
+  "GemmaForCausalLM": _gemma,
   "Qwen3ForCausalLM": _qwen3,
   "Qwen3MoeForCausalLM": _qwen3_moe,
   "MixtralForCausalLM": _mixtral,
@@ -85,6 +97,9 @@ def test_configs_carry_the_options(checkpoints):
   assert moe.qk_norm and moe.moe_capacity_factor is None
   mixtral = convert.load(checkpoints["MixtralForCausalLM"][1])[0]
   assert (mixtral.moe_experts, mixtral.moe_norm_topk, mixtral.qk_norm) == (4, True, False)
+  gemma = convert.load(checkpoints["GemmaForCausalLM"][1])[0]
+  assert gemma.norm_scale_plus_one and gemma.scale_embeddings and gemma.tie_embeddings
+  assert (gemma.activation, gemma.head_dim, gemma.kv_heads) == ("geglu_tanh", 16, 1)
 
 
 def test_the_gates_matter(checkpoints):
@@ -113,6 +128,8 @@ def _edited(src, dst, **changes):
     ("Qwen3MoeForCausalLM", {"mlp_only_layers": [0]}, "mlp_only_layers=[0]"),
     ("Qwen3ForCausalLM", {"attention_bias": True}, "attention_bias=True"),
     ("MixtralForCausalLM", {"router_jitter_noise": 0.1}, "router_jitter_noise=0.1"),
+    ("GemmaForCausalLM", {"hidden_act": "relu"}, "hidden_act='relu'"),
+    ("GemmaForCausalLM", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
   ],
 )
 def test_options_we_lack_are_refused_in_one_line(arch, changes, message, checkpoints, tmp_path):
@@ -127,6 +144,9 @@ def test_a_model_with_options_an_architecture_lacks_is_not_exported_as_it(checkp
   qwen3, params = convert.load(checkpoints["Qwen3ForCausalLM"][1])
   with pytest.raises(ValueError, match=r"LlamaForCausalLM cannot express ModelConfig.qk_norm"):
     convert.save(tmp_path / "a", qwen3, params, "LlamaForCausalLM")
+  gemma, params = convert.load(checkpoints["GemmaForCausalLM"][1])
+  with pytest.raises(ValueError, match=r"LlamaForCausalLM cannot express .*norm_scale_plus_one"):
+    convert.save(tmp_path / "g", gemma, params, "LlamaForCausalLM")
   mixtral, params = convert.load(checkpoints["MixtralForCausalLM"][1])
   with pytest.raises(ValueError, match=r"MistralForCausalLM cannot express ModelConfig.moe_exp"):
     convert.save(tmp_path / "b", mixtral, params, "MistralForCausalLM")
