@@ -276,9 +276,10 @@ def multi_head_attention(
   bias = None
   pos = None if is_cross else config.position
   relative = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]: key - query
-  if pos == "rope":
-    q = rope(q, q_positions, config.rope_theta)
-    k = rope(k, kv_positions, config.rope_theta)
+  if pos == "rope":  # the first rope_dim features of each head (partial rotary)
+    r = int(q.shape[-1] * config.rope_fraction)
+    q = np.concatenate([rope(q[..., :r], q_positions, config.rope_theta), q[..., r:]], -1)
+    k = np.concatenate([rope(k[..., :r], kv_positions, config.rope_theta), k[..., r:]], -1)
   elif pos == "alibi":
     slopes = alibi_slopes(config.num_heads)
     bias = -slopes[None, :, None, None] * np.abs(relative)[:, None]
@@ -322,6 +323,9 @@ def block(
       p["self_attention"], h, None, config, mask, positions, positions, causal, rel_table
     )
 
+  if config.parallel_residual:  # GPT-NeoX: both sublayers read the block's input
+    attended = self_attn(norm(x, p["self_attention_norm"], config))
+    return x + attended + feed_forward(norm(x, p["ffn_norm"], config), p["ffn"], config.activation)
   x = sublayer(x, "self_attention_norm", self_attn)
   if encoded is not None:
     src_pos = np.broadcast_to(np.arange(encoded.shape[1]), encoded.shape[:2])

@@ -55,6 +55,10 @@ BAD = [
   (dict(rope_theta=0.0), "rope_theta", "> 0"),
   (dict(position="rope", rope_scaling="yarn"), "rope_scaling", "one of ('none'"),
   (dict(norm_scale_plus_one=True), "norm_scale_plus_one", "needs norm='rmsnorm'"),
+  (dict(rope_fraction=0.0), "rope_fraction", "must be in (0, 1]"),
+  (dict(position="rope", rope_fraction=0.3), "rope_fraction", "int(32 * 0.3) = 9"),
+  (dict(parallel_residual=True, norm_position="post"), "parallel_residual", "norm_position='pre'"),
+  (dict(family="seq2seq", parallel_residual=True), "parallel_residual", "not seq2seq"),
   (dict(norm="rmsnorm", norm_scale_plus_one=1), "norm_scale_plus_one", "True or False"),
   (dict(rope_scaling="linear", rope_scaling_factor=2.0), "rope_scaling", "position='rope'"),
   (

@@ -63,6 +63,10 @@ DECODER_CASES = {
     qk_norm=True,
     use_bias=False,
   ),
+  # GPT-NeoX / Pythia: parallel attention and feed-forward, RoPE on a quarter of each head.
+  "neox-parallel-partial-rope": dict(
+    position="rope", parallel_residual=True, rope_fraction=0.25, attention_head_dim=16
+  ),
 }
 
 

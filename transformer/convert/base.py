@@ -201,6 +201,8 @@ PLAIN = {
   "qk_norm": False,
   "moe_experts": 0,
   "norm_scale_plus_one": False,
+  "parallel_residual": False,
+  "rope_fraction": 1.0,
 }
 
 

@@ -49,27 +49,35 @@ ROPE_FIELDS = {
 ROPE_USED = {"none": (), "linear": ("factor",), "llama3": tuple(ROPE_FIELDS)}
 
 
-def _rope(hf: Mapping[str, Any], a: str = ARCHITECTURE) -> dict[str, Any]:
+def rope_fields(hf: Mapping[str, Any], a: str, partial: bool = False) -> dict[str, Any]:
   """Our RoPE fields from `rope_parameters` (transformers 5) or `rope_theta` +
-  `rope_scaling` (4.x)."""
+  `rope_scaling` (4.x). `partial`: the family rotates part of each head
+  (`partial_rotary_factor`, GPT-NeoX's `rotary_pct`); elsewhere a factor other than 1 is
+  refused."""
   rope = {**(hf.get("rope_scaling") or {}), **(hf.get("rope_parameters") or {})}
   rope_type = rope.get("rope_type", rope.get("type", "default"))
   if rope_type not in ROPE_TYPES:
     unsupported(a, "rope_type", rope_type, tuple(ROPE_TYPES))
   scaling = ROPE_TYPES[rope_type]
-  fields = {"rope_theta": float(rope.get("rope_theta", hf.get("rope_theta", 10_000.0)))}
-  fields["rope_scaling"] = scaling
+  theta = rope.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10_000.0)))
+  fields = {"rope_theta": float(theta), "rope_scaling": scaling}
   for key in ROPE_USED[scaling]:
     if key not in rope:
       raise ValueError(f"{a}: rope_type={rope_type!r} needs rope_parameters[{key!r}]")
     fields[ROPE_FIELDS[key]] = rope[key]
-  return fields
+  fraction = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
+  fraction = hf.get("rotary_pct", 1.0) if fraction is None else fraction
+  if fraction != 1.0 and not partial:
+    unsupported(a, "partial_rotary_factor", fraction, (1.0,))
+  return fields | {"rope_fraction": float(fraction)}
 
 
-def _rope_to_hf(c: ModelConfig) -> dict[str, Any]:
+def rope_to_hf(c: ModelConfig) -> dict[str, Any]:
   """`rope_parameters` for our RoPE fields."""
   rope_type = next(k for k, v in ROPE_TYPES.items() if v == c.rope_scaling)
   out = {"rope_type": rope_type, "rope_theta": c.rope_theta}
+  if c.rope_fraction != 1.0:
+    out["partial_rotary_factor"] = c.rope_fraction
   return out | {key: getattr(c, ROPE_FIELDS[key]) for key in ROPE_USED[c.rope_scaling]}
 
 
@@ -85,15 +93,21 @@ SWIGLU = {"silu": "swiglu"}  # Hugging Face `hidden_act` of the gate -> our gate
 
 
 def common(
-  hf: Mapping[str, Any], a: str, bias: bool, activations: Mapping[str, str] = SWIGLU
+  hf: Mapping[str, Any],
+  a: str,
+  bias: bool,
+  activations: Mapping[str, str] = SWIGLU,
+  partial_rope: bool = False,
 ) -> dict[str, Any]:
   """The fields every Llama-family config shares; `bias` = biases on every projection,
-  `activations` the `hidden_act` values the family may have -> our activation."""
+  `activations` the `hidden_act` values the family may have -> our activation,
+  `partial_rope` whether it may rotate part of each head (`rope_fields`)."""
   act = activations[require(hf, a, "hidden_act", tuple(activations))]
   d, n = hf["hidden_size"], hf["num_attention_heads"]
   k = hf.get("num_key_value_heads") or n
   head_dim = hf.get("head_dim") or d // n
   return {
+    **PLAIN,  # first: the fields below may set some of them
     "family": "decoder",
     "vocab_size": hf["vocab_size"],
     "d_model": d,
@@ -102,7 +116,7 @@ def common(
     "d_ff": hf["intermediate_size"],
     "max_len": hf["max_position_embeddings"],
     "position": "rope",
-    **_rope(hf, a),
+    **rope_fields(hf, a, partial_rope),
     "norm": "rmsnorm",
     "norm_position": "pre",
     "norm_eps": hf.get("rms_norm_eps", 1e-6),
@@ -112,7 +126,6 @@ def common(
     "type_vocab_size": 0,
     "dropout_rate": 0.0,
     "attention_dropout_rate": hf.get("attention_dropout", 0.0),
-    **PLAIN,
     "num_kv_heads": None if k == n else k,
     "attention_head_dim": None if head_dim * n == d else head_dim,
   }
@@ -177,7 +190,7 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
     "num_hidden_layers": c.num_layers,
     "intermediate_size": c.d_ff,
     "max_position_embeddings": c.max_len,
-    "rope_parameters": _rope_to_hf(c),
+    "rope_parameters": rope_to_hf(c),
     "rms_norm_eps": c.norm_eps,
     "hidden_act": "silu",
     "attention_bias": c.use_bias,
@@ -187,15 +200,16 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
   }
 
 
-def decoder_rules(c: ModelConfig, feed_forward) -> list[Rule]:
-  """The tensors of a Llama-shaped decoder; `feed_forward(c, ours_layer, hf_layer, i)` gives
-  layer i's feed-forward rules (dense SwiGLU, or a mixture of experts)."""
-  n, k, h, bias, qkv = c.num_heads, c.kv_heads, c.head_dim, c.use_bias, c.qkv_biases
+def decoder_rules(c: ModelConfig, feed_forward, projections=None) -> list[Rule]:
+  """The tensors of a Llama-shaped decoder. `feed_forward(c, ours_layer, hf_layer, i)` gives
+  layer i's feed-forward rules (dense SwiGLU, or a mixture of experts);
+  `projections(c, ours_attention, hf_attention)` the attention projections' (default:
+  separate q/k/v/o_proj)."""
+  projections = projections or _projections
   out = [same("token_embed/embedding", f"{PREFIX}embed_tokens.weight")]
   for i in range(c.num_layers):
     ours, hf = f"decoder/layer_{i}", f"{PREFIX}layers.{i}"
-    projections = tuple(f"{hf}.self_attn.{x}_proj" for x in "qkvo")
-    out += attention(f"{ours}/self_attention", projections, n, h, k, qkv_bias=qkv, out_bias=bias)
+    out += projections(c, f"{ours}/self_attention", f"{hf}.self_attn")
     if c.qk_norm:  # Qwen3: one RMSNorm scale [H] for the query heads, one for the key heads
       out += norm(f"{ours}/self_attention/query_norm", f"{hf}.self_attn.q_norm", bias=False)
       out += norm(f"{ours}/self_attention/key_norm", f"{hf}.self_attn.k_norm", bias=False)
@@ -206,6 +220,12 @@ def decoder_rules(c: ModelConfig, feed_forward) -> list[Rule]:
   if not c.tie_embeddings:
     out += linear("lm_head", "lm_head", bias=False)
   return out
+
+
+def _projections(c: ModelConfig, ours: str, hf: str) -> list[Rule]:
+  names = tuple(f"{hf}.{x}_proj" for x in "qkvo")
+  n, k, h = c.num_heads, c.kv_heads, c.head_dim
+  return attention(ours, names, n, h, k, qkv_bias=c.qkv_biases, out_bias=c.use_bias)
 
 
 def swiglu(c: ModelConfig, ours: str, hf: str, i: int) -> list[Rule]:

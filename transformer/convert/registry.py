@@ -5,10 +5,21 @@ A new architecture is a module with a `CONVERTERS` dict and one entry in `MODULE
 
 from __future__ import annotations
 
-from transformer.convert import bert, gemma, gpt2, llama, mixtral, qwen3, t5, vit
+from transformer.convert import (
+  bert,
+  gemma,
+  gpt2,
+  gpt_neox,
+  llama,
+  mixtral,
+  phi3,
+  qwen3,
+  t5,
+  vit,
+)
 from transformer.convert.base import Converter
 
-MODULES = (gpt2, bert, vit, llama, qwen3, mixtral, gemma, t5)
+MODULES = (gpt2, bert, vit, llama, qwen3, mixtral, gemma, phi3, gpt_neox, t5)
 
 ARCHITECTURES: dict[str, Converter] = {
   name: converter for module in MODULES for name, converter in module.CONVERTERS.items()

@@ -67,6 +67,13 @@ class Block(nn.Module):
       attn = MultiHeadAttention(c, name="self_attention")
       return attn(h, None, info, position_table, deterministic, decode)
 
+    if c.parallel_residual:  # both sublayers read x: x + attn(norm1(x)) + ffn(norm2(x))
+      drop = make_dropout(c)
+      attended = drop(self_attention(make_norm(c, "self_attention_norm")(x)), deterministic)
+      fed = drop(
+        self._feed_forward(info, deterministic)(make_norm(c, "ffn_norm")(x)), deterministic
+      )
+      return constrain(x + attended + fed, ("batch", "length", "embed"))  # [B, T, D]
     x = residual(c, x, self_attention, "self_attention_norm", deterministic)
     if self.cross_attention:
 
@@ -75,15 +82,18 @@ class Block(nn.Module):
         return attn(h, encoded, cross_info, None, deterministic, decode)
 
       x = residual(c, x, cross_attention, "cross_attention_norm", deterministic)
+    x = residual(c, x, self._feed_forward(info, deterministic), "ffn_norm", deterministic)
+    return constrain(x, ("batch", "length", "embed"))  # [B, T, D]
+
+  def _feed_forward(self, info: MaskInfo, deterministic: bool):
+    """h [B, T, D] -> [B, T, D]: the dense feed-forward ('ffn') or the experts ('moe')."""
+    c = self.config
     if self.moe:  # padding tokens (segment id 0) are routed nowhere
       valid = None if info.q_segment_ids is None else info.q_segment_ids > 0  # [B, T]
       moe = MoEFeedForward(c, name="moe")
-      feed_forward = lambda h: moe(h, valid, deterministic)
-    else:
-      ffn = FeedForward(c, name="ffn")
-      feed_forward = lambda h: ffn(h, deterministic)
-    x = residual(c, x, feed_forward, "ffn_norm", deterministic)
-    return constrain(x, ("batch", "length", "embed"))  # [B, T, D]
+      return lambda h: moe(h, valid, deterministic)
+    ffn = FeedForward(c, name="ffn")
+    return lambda h: ffn(h, deterministic)
 
 
 class _ScanBlock(nn.Module):

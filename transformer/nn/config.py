@@ -61,6 +61,8 @@ class ModelConfig:
     "learned"  # sinusoidal | learned | rope | alibi | relative_t5 | relative_shaw | none
   )
   rope_theta: float = 10_000.0  # RoPE base wavelength
+  rope_fraction: float = 1.0  # RoPE on the first int(H * this) features of each head, the
+  # rest unrotated (GPT-NeoX / Pythia `rotary_pct` 0.25, Phi-4-mini 0.75)
   # RoPE frequencies stretched for a longer context than pretraining's (`positions/rope.py`):
   rope_scaling: str = "none"  # none | linear (positions / factor) | llama3 (Llama 3.1+)
   rope_scaling_factor: float = 1.0  # linear, llama3: how many times longer the context is
@@ -73,6 +75,7 @@ class ModelConfig:
   norm: str = "layernorm"  # layernorm | rmsnorm
   norm_position: str = "pre"  # pre (pre-LN, final norm) | post (post-LN, Vaswani et al.)
   norm_eps: float = 1e-5  # epsilon inside the norm
+  parallel_residual: bool = False  # pre-LN x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX, GPT-J)
   norm_scale_plus_one: bool = False  # RMSNorm multiplies by (1 + scale), scale init 0 (Gemma)
   activation: str = "gelu"  # relu | gelu | gelu_tanh (GPT-2) | swiglu | geglu | geglu_tanh (T5)
   use_bias: bool = True  # biases in attention and feed-forward projections
@@ -131,6 +134,11 @@ class ModelConfig:
   @property
   def head_dim(self) -> int:
     return self.attention_head_dim or self.d_model // self.num_heads
+
+  @property
+  def rope_dim(self) -> int:
+    """Features of each query / key head that RoPE rotates (the first ones)."""
+    return int(self.head_dim * self.rope_fraction)
 
   @property
   def kv_heads(self) -> int:
@@ -193,9 +201,11 @@ def _validate(c: ModelConfig) -> None:
       fail(field, value, "must be in [0, 1)")
   if c.qkv_bias is not None and not isinstance(c.qkv_bias, bool):
     fail("qkv_bias", c.qkv_bias, "must be True, False or None (= use_bias)")
-  for field in ("qk_norm", "norm_scale_plus_one"):
+  for field in ("qk_norm", "norm_scale_plus_one", "parallel_residual"):
     if not isinstance(getattr(c, field), bool):
       fail(field, getattr(c, field), "must be True or False")
+  if c.parallel_residual and c.norm_position != "pre":
+    fail("parallel_residual", True, f"needs norm_position='pre', got {c.norm_position!r}")
   if c.norm_scale_plus_one and c.norm != "rmsnorm":
     fail("norm_scale_plus_one", True, f"needs norm='rmsnorm', got {c.norm!r}")
   if c.norm_eps <= 0:
@@ -206,6 +216,8 @@ def _validate(c: ModelConfig) -> None:
     fail("num_kv_heads", c.num_kv_heads, f"must divide num_heads={c.num_heads}")
   if c.rope_theta <= 0:
     fail("rope_theta", c.rope_theta, "must be > 0")
+  if not (_is_number(c.rope_fraction) and 0 < c.rope_fraction <= 1):
+    fail("rope_fraction", c.rope_fraction, "must be in (0, 1]")
   _validate_rope_scaling(c)
   if c.attention_chunk_size <= 0:
     fail("attention_chunk_size", c.attention_chunk_size, "must be > 0")

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 
 from transformer.nn import counts
 from transformer.nn.blocks import Stack, shift_right
-from transformer.nn.config import ModelConfig
+from transformer.nn.config import ModelConfig, fail
 from transformer.nn.layers import Embedder, default_positions, make_dense, make_embed
 from transformer.nn.masks import MaskInfo
 
@@ -127,7 +127,8 @@ def build(c: ModelConfig) -> nn.Module:
 
 
 def validate(c: ModelConfig) -> None:
-  del c  # every generic rule applies; nothing encoder-decoder-specific
+  if c.parallel_residual:  # three sublayers in the decoder: no parallel form defined here
+    fail("parallel_residual", True, "is for blocks without cross-attention (not seq2seq)")
 
 
 def param_count(c: ModelConfig) -> int:

@@ -6,6 +6,9 @@ Hugging Face's `modeling_rope_utils` computes them:
 - llama3 (Llama 3.1+): wavelengths longer than L / low_freq_factor divided by the factor,
   those shorter than L / high_freq_factor kept, and those between interpolated smoothly,
   L being the pretraining context (`rope_original_max_len`).
+
+Partial rotary (`rope_fraction` < 1, GPT-NeoX): only the first R = `rope_dim` features of
+each head rotate, with the frequencies of an R-wide head, as Hugging Face does.
 """
 
 from __future__ import annotations
@@ -63,9 +66,22 @@ class Rope(Position):
   """Rotates self-attention queries and keys with base wavelength `config.rope_theta`."""
 
   def rotate(self, x: jax.Array, positions: jax.Array) -> jax.Array:
-    return apply_rope(x, positions, self.config.rope_theta, self.config)
+    """x [B, T, N, H]: the first `config.rope_dim` features rotated, the rest as they are."""
+    c = self.config
+    r = c.rope_dim
+    if r == x.shape[-1]:
+      return apply_rope(x, positions, c.rope_theta, c)
+    rotated = apply_rope(x[..., :r], positions, c.rope_theta, c)  # [B, T, N, R]
+    return jnp.concatenate([rotated, x[..., r:]], axis=-1)  # [B, T, N, H]
 
   def validate(self) -> None:
     c = self.config
-    if c.head_dim % 2:
+    if c.rope_fraction == 1.0 and c.head_dim % 2:
       fail("position", c.position, f"rope needs an even head_dim, got {c.head_dim}")
+    if c.rope_dim % 2 or not c.rope_dim:
+      fail(
+        "rope_fraction",
+        c.rope_fraction,
+        f"rope needs an even, non-zero number of rotated features, got int({c.head_dim} * "
+        f"{c.rope_fraction}) = {c.rope_dim}",
+      )
