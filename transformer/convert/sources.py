@@ -1,6 +1,7 @@
 """The pretrained checkpoints `config.init_from` names, by prefix, and how each is read.
 
   init_from='hf:DIR'       a Hugging Face `save_pretrained` directory (`hf`, `registry`)
+  init_from='hf:ORG/NAME'  a Hub repository, through the Hugging Face cache (`hub`)
   init_from='bv:FILE.npz'  a big_vision / vision_transformer ViT checkpoint (`big_vision`)
 
 Each `Source` says how to read the model fields its checkpoint implies (and whether it
@@ -11,6 +12,7 @@ calls these; a new checkpoint format is one more `Source` in `SOURCES` (docs/PRE
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,7 @@ class Source:
   describe: Callable[[str], tuple[dict[str, Any], bool]]  # path -> (ModelConfig fields, brings
   # its tokenizer)
   load: Callable[[str], tuple[int, Any]]  # path -> (its classes, 0 if none; its 'params' tree)
+  locate: Callable[[str], str] = lambda path: path  # the path as named -> the one to read
 
 
 def _hf_describe(path: str) -> tuple[dict[str, Any], bool]:
@@ -60,15 +63,22 @@ def _bv_load(path: str) -> tuple[int, Any]:
   return fields["num_classes"] or 0, params["params"]
 
 
-HF = Source("hf:", _hf_describe, _hf_load)
+def _hf_locate(path: str) -> str:
+  from transformer.convert import hub
+
+  return hub.local_dir(path)
+
+
+HF = Source("hf:", _hf_describe, _hf_load, functools.cache(_hf_locate))
 BIG_VISION = Source("bv:", _bv_describe, _bv_load)
 SOURCES = (HF, BIG_VISION)
 
 
 def find(init_from: str) -> tuple[Source, str] | None:
-  """(its Source, the path after the prefix) for a pretrained `init_from`, else None (an
-  `init_from` without a prefix is another run of this project)."""
+  """(its Source, the path to read) for a pretrained `init_from`, else None (an
+  `init_from` without a prefix is another run of this project). The path is the one after
+  the prefix, or where the source finds it (`hf:ORG/NAME`: the cached snapshot)."""
   for source in SOURCES:
     if init_from.startswith(source.prefix):
-      return source, init_from[len(source.prefix) :]
+      return source, source.locate(init_from[len(source.prefix) :])
   return None

@@ -116,8 +116,9 @@ def load_trained(source: str) -> tuple[ModelConfig, Any]:
   """The model config and parameters of a trained model: `hf:DIR` (a Hugging Face
   directory), or another run of this project (its workdir: the model config it saved and
   its latest checkpoint's parameters)."""
-  if source.startswith(sources.HF.prefix):
-    config, variables = hf.load(source[len(sources.HF.prefix) :])
+  found = sources.find(source)
+  if found is not None and found[0] is sources.HF:
+    config, variables = hf.load(found[1])
     return config, variables["params"]
   params = finetune.restore_run(source, field="data.teacher")[1]
   return load_model_config(source), params
