@@ -236,8 +236,11 @@ def attention(
   mask: np.ndarray | None = None,
   bias: np.ndarray | None = None,
   return_weights: bool = False,
+  scale: float | None = None,
+  softcap: float | None = None,
 ):
-  """softmax(q k^T / sqrt(H) + bias) v per head (Vaswani et al. 3.2.1).
+  """softmax(cap(q k^T * scale + bias)) v per head (Vaswani et al. 3.2.1; scale 1 / sqrt(H)
+  unless given; cap(s) = softcap * tanh(s / softcap), Gemma 2, when given).
 
   q: [B, T, N, H]; k, v: [B, S, K, H]. Query head n reads key/value head n // (N / K)
   (Ainslie et al. 2023, GQA: contiguous groups).
@@ -245,9 +248,12 @@ def attention(
   n, kv = q.shape[2], k.shape[2]
   k = np.repeat(k, n // kv, axis=2)  # [B, S, N, H]
   v = np.repeat(v, n // kv, axis=2)
-  logits = np.einsum("btnh,bsnh->bnts", q, k) / math.sqrt(q.shape[-1])
+  scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+  logits = np.einsum("btnh,bsnh->bnts", q, k) * scale
   if bias is not None:
     logits = logits + bias
+  if softcap is not None:
+    logits = softcap * np.tanh(logits / softcap)
   weights = softmax(logits, mask)
   out = np.einsum("bnts,bsnh->btnh", weights, v)
   return (out, weights) if return_weights else out
@@ -292,7 +298,7 @@ def multi_head_attention(
     kmax = config.shaw_max_distance
     a = p["rel_key_embedding"][np.clip(relative, -kmax, kmax) + kmax]  # [B, T, S, H]
     bias = np.einsum("btnh,btsh->bnts", q, a) / math.sqrt(q.shape[-1])
-  out = attention(q, k, v, mask, bias)  # [B, T, N, H]
+  out = attention(q, k, v, mask, bias, False, config.attention_scale, config.attention_softcap)
   return np.einsum("btnh,nhd->btd", out, p["out"]["kernel"]) + p["out"].get("bias", 0.0)
 
 
@@ -316,6 +322,8 @@ def block(
   def sublayer(x, name, f):
     if config.norm_position == "pre":
       return x + f(norm(x, p[name], config))
+    if config.norm_position == "sandwich":  # Gemma 2 / 3: a norm before and after f
+      return x + norm(f(norm(x, p[name], config)), p[f"{name}_post"], config)
     return norm(x + f(x), p[name], config)
 
   def self_attn(h):
@@ -357,11 +365,33 @@ def stack(
   causal: bool,
   encoded: np.ndarray | None = None,
   cross_mask: np.ndarray | None = None,
+  global_mask: np.ndarray | None = None,
 ) -> np.ndarray:
+  """The layers, then the final norm (not post-LN). `global_mask`: the mask without the
+  window, for the G layers of a `local_global_pattern`."""
   rel_table = p.get("rel_embedding")
+  pattern = config.local_global_pattern
   for i in range(num_layers):
-    x = block(p[f"layer_{i}"], x, config, mask, positions, causal, rel_table, encoded, cross_mask)
-  if config.norm_position == "pre":
+    layer_config, layer_mask = config, mask
+    if pattern and pattern[i % len(pattern)] == "G":  # global: no window
+      layer_mask = global_mask
+      layer_config = config.replace(
+        sliding_window=None, local_global_pattern="", rope_local_theta=None
+      )
+    elif pattern and config.rope_local_theta is not None:  # local: its own RoPE base
+      layer_config = config.replace(rope_theta=config.rope_local_theta, rope_local_theta=None)
+    x = block(
+      p[f"layer_{i}"],
+      x,
+      layer_config,
+      layer_mask,
+      positions,
+      causal,
+      rel_table,
+      encoded,
+      cross_mask,
+    )
+  if config.norm_position != "post":
     x = norm(x, p["final_norm"], config)
   return x
 
@@ -402,12 +432,15 @@ def decoder_lm(
   segments = np.ones_like(tokens) if segment_ids is None else segment_ids
   idx = np.arange(tokens.shape[1])
   mask = reference_mask(idx, idx, True, config.sliding_window, segments, segments)
+  global_mask = reference_mask(idx, idx, True, None, segments, segments)
   if prefix is not None:
     mask = prefix_lm_mask(prefix, segments)
-  x = stack(p["decoder"], x, config, config.num_layers, mask, positions, True)
-  if config.tie_embeddings:
-    return x @ p["token_embed"]["embedding"].T
-  return dense(x, p["lm_head"])
+  x = stack(
+    p["decoder"], x, config, config.num_layers, mask, positions, True, None, None, global_mask
+  )
+  logits = x @ p["token_embed"]["embedding"].T if config.tie_embeddings else dense(x, p["lm_head"])
+  cap = config.logits_softcap
+  return logits if cap is None else cap * np.tanh(logits / cap)
 
 
 def encoder(p_model: Params, tokens, config, segment_ids=None, token_type_ids=None):

@@ -63,6 +63,31 @@ DECODER_CASES = {
     qk_norm=True,
     use_bias=False,
   ),
+  # Gemma 2: norms before and after each sublayer, soft-capped scores and logits, local and
+  # global layers alternating, a score scale other than H**-0.5.
+  "gemma2-sandwich-softcaps-lg": dict(
+    position="rope",
+    norm="rmsnorm",
+    norm_scale_plus_one=True,
+    norm_position="sandwich",
+    attention_softcap=1.0,
+    logits_softcap=2.0,
+    sliding_window=3,
+    local_global_pattern="LG",
+    attention_scale=0.3,
+    attention_impl="chunked",
+  ),
+  # Gemma 3: QK-norm, two local layers per global one, the local layers' own RoPE base.
+  "gemma3-llg-local-rope": dict(
+    position="rope",
+    norm="rmsnorm",
+    norm_position="sandwich",
+    qk_norm=True,
+    sliding_window=2,
+    local_global_pattern="LLG",
+    rope_local_theta=100.0,
+    num_layers=3,
+  ),
   # GPT-NeoX / Pythia: parallel attention and feed-forward, RoPE on a quarter of each head.
   "neox-parallel-partial-rope": dict(
     position="rope", parallel_residual=True, rope_fraction=0.25, attention_head_dim=16

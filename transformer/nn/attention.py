@@ -101,7 +101,8 @@ class MultiHeadAttention(nn.Module):
     if c.attention_dropout_rate > 0.0 and not deterministic and not decode:
       dropout_rng = self.make_rng("dropout")
     if decode:
-      result = cache_attention.attend(q, k, v, info, kv, bias, c.attention_scale)  # [B, T, N, H]
+      scale, cap = c.attention_scale, c.attention_softcap
+      result = cache_attention.attend(q, k, v, info, kv, bias, scale, cap)  # [B, T, N, H]
     else:
       result = dot_product_attention(
         q,

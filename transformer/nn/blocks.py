@@ -29,10 +29,14 @@ REMAT_POLICIES = {
 
 
 def residual(config: ModelConfig, x: jax.Array, sublayer, norm_name: str, deterministic: bool):
-  """Pre-LN: x + drop(f(norm(x))). Post-LN (Vaswani et al.): norm(x + drop(f(x)))."""
+  """Pre-LN: x + drop(f(norm(x))). Post-LN (Vaswani et al.): norm(x + drop(f(x))).
+  Sandwich (Gemma 2 / 3): x + drop(norm2(f(norm1(x)))), norm2 named `norm_name`_post."""
   drop = make_dropout(config)
   if config.norm_position == "pre":
     return x + drop(sublayer(make_norm(config, norm_name)(x)), deterministic=deterministic)
+  if config.norm_position == "sandwich":
+    y = make_norm(config, f"{norm_name}_post")(sublayer(make_norm(config, norm_name)(x)))
+    return x + drop(y, deterministic=deterministic)
   return make_norm(config, norm_name)(x + drop(sublayer(x), deterministic=deterministic))
 
 
@@ -146,8 +150,12 @@ class Stack(nn.Module):
       x, _ = scanned(c, block, self.cross_attention, name="layers")(x, *args)
     else:
       for i in range(self.num_layers):
-        x = block(c, self.cross_attention, c.is_moe_layer(i), name=f"layer_{i}")(x, *args)
-    if c.norm_position == "pre":
+        layer_args = args
+        if c.is_global_layer(i) and info.window is not None:  # a global layer of a pattern
+          layer_args = (info.replace(window=None), *args[1:])
+        layer = block(c.layer_config(i), self.cross_attention, c.is_moe_layer(i), name=f"layer_{i}")
+        x = layer(x, *layer_args)
+    if c.norm_position != "post":  # pre-LN and sandwich end in a final norm
       x = make_norm(c, "final_norm")(x)
     return x
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformer.nn.kernels import MASK_VALUE
+from transformer.nn.kernels import MASK_VALUE, soft_cap
 from transformer.nn.masks import BlockBias, MaskInfo
 
 # The self-attention cache variables, and their length axis counted from the end.
@@ -61,13 +61,15 @@ def attend(
   kv_heads: int,
   bias: jax.Array | BlockBias | None = None,
   scale: float | None = None,
+  softcap: float | None = None,
 ) -> jax.Array:
   """softmax(scale * q k^T + bias, masked by `info`) v over cached keys and values.
 
   q: [R, T, N, H] with R = r * B (r > 1: r beams per cache row, cross-attention only);
   k, v: [B * K, S, H] with K = kv_heads; info: the queries' MaskInfo over the S cached
   keys; bias: float
-  [R|1, N, T, S] or a `BlockBias` (r = 1 only); scale: None = H**-0.5. Masked logits and
+  [R|1, N, T, S] or a `BlockBias` (r = 1 only); scale: None = H**-0.5; softcap: the
+  scores' soft cap (`kernels.soft_cap`), None = none. Masked logits and
   fully masked rows are treated as in `kernels.dot_product_attention`.
   Returns [R, T, N, H] in q's dtype.
   """
@@ -94,6 +96,7 @@ def attend(
   logits = logits.reshape(b, kv, g, r * t, s)  # [B, K, G, rT, S]
   if bias is not None:
     logits = logits + bias.astype(jnp.float32).reshape(bias.shape[0], kv, g, t, s)
+  logits = soft_cap(logits, softcap)
   mask = info.block_mask()  # [B|1, 1, rT, S] or None
   if mask is not None:
     logits = jnp.where(mask[:, :, None], logits, MASK_VALUE)

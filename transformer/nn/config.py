@@ -17,7 +17,7 @@ import re
 from typing import Any, NoReturn
 
 NORMS = ("layernorm", "rmsnorm")
-NORM_POSITIONS = ("pre", "post")
+NORM_POSITIONS = ("pre", "post", "sandwich")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 ATTENTION_IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
@@ -73,7 +73,8 @@ class ModelConfig:
   relative_max_distance: int = 128  # T5: distances beyond this share the last bucket
   shaw_max_distance: int = 16  # Shaw et al.: relative distances clipped to [-k, k]
   norm: str = "layernorm"  # layernorm | rmsnorm
-  norm_position: str = "pre"  # pre (pre-LN, final norm) | post (post-LN, Vaswani et al.)
+  norm_position: str = "pre"  # pre (pre-LN, final norm) | post (post-LN, Vaswani et al.) |
+  # sandwich (x + norm2(f(norm1(x))), final norm: Gemma 2 / 3)
   norm_eps: float = 1e-5  # epsilon inside the norm
   parallel_residual: bool = False  # pre-LN x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX, GPT-J)
   norm_scale_plus_one: bool = False  # RMSNorm multiplies by (1 + scale), scale init 0 (Gemma)
@@ -98,6 +99,11 @@ class ModelConfig:
   splash_block_kv: int = 512  # splash attention key/value block (TPU; a multiple of 128)
   attention_scale: float | None = None  # score multiplier; None = H**-0.5 (T5: 1.0, unscaled)
   sliding_window: int | None = None  # local attention: a query sees keys within this distance
+  local_global_pattern: str = ""  # per layer, cyclically: L = local (sliding_window), G =
+  # global (full) attention; "" = every layer local if sliding_window is set (Gemma 2: "LG")
+  rope_local_theta: float | None = None  # RoPE base of the local layers, unscaled (Gemma 3)
+  attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2: 50)
+  logits_softcap: float | None = None  # decoder logits -> cap * tanh(logits / cap) (Gemma 2: 30)
   dtype: str = "float32"  # compute dtype; parameters stay float32
   scan_layers: bool = False  # nn.scan over layers (compile time flat in depth)
   remat_policy: str = "none"  # none | full | dots | dots_no_batch (nn.remat per layer)
@@ -160,6 +166,26 @@ class ModelConfig:
   @property
   def gated(self) -> bool:
     return self.activation in GATED_ACTIVATIONS
+
+  def is_global_layer(self, index: int) -> bool:
+    """Whether layer `index` (0-based, within its stack) attends globally, without the
+    window, as `local_global_pattern` says (no pattern: local iff sliding_window is set)."""
+    pattern = self.local_global_pattern
+    if not pattern:
+      return self.sliding_window is None
+    return pattern[index % len(pattern)] == "G"
+
+  def layer_config(self, index: int) -> ModelConfig:
+    """The config layer `index` computes with: a global layer has no window, a local one
+    the local RoPE base (unscaled) when `rope_local_theta` is set."""
+    if not self.local_global_pattern:
+      return self
+    if self.is_global_layer(index):
+      return self.replace(sliding_window=None, local_global_pattern="", rope_local_theta=None)
+    if self.rope_local_theta is None:
+      return self.replace(local_global_pattern="")
+    local_rope = dict(rope_theta=self.rope_local_theta, rope_scaling="none")
+    return self.replace(local_global_pattern="", rope_local_theta=None, **local_rope)
 
   def is_moe_layer(self, index: int) -> bool:
     """Whether layer `index` (0-based, within its stack) has a mixture-of-experts FFN."""
@@ -227,6 +253,7 @@ def _validate(c: ModelConfig) -> None:
       fail(field, value, f"must be a positive multiple of {SPLASH_LANES}")
   if c.attention_scale is not None and not c.attention_scale > 0:
     fail("attention_scale", c.attention_scale, "must be > 0 or None (H**-0.5)")
+  _validate_layer_pattern(c)
   _validate_moe(c)
   _validate_lora(c)
 
@@ -250,6 +277,22 @@ def _validate_rope_scaling(c: ModelConfig) -> None:
   low, high = c.rope_low_freq_factor, c.rope_high_freq_factor
   if not (_is_number(low) and _is_number(high) and 0 < low < high):
     fail("rope_high_freq_factor", high, f"must be > rope_low_freq_factor={low!r} > 0")
+
+
+def _validate_layer_pattern(c: ModelConfig) -> None:
+  for field in ("rope_local_theta", "attention_softcap", "logits_softcap"):
+    value = getattr(c, field)
+    if value is not None and not (_is_number(value) and value > 0):
+      fail(field, value, "must be a number > 0, or None")
+  pattern = c.local_global_pattern
+  if not isinstance(pattern, str) or set(pattern) - {"L", "G"}:
+    fail("local_global_pattern", pattern, "must be a string of L (local) and G (global)")
+  if "L" in pattern and c.sliding_window is None:
+    fail("local_global_pattern", pattern, "L (local) layers need a sliding_window")
+  if len(set(pattern)) > 1 and c.scan_layers:
+    fail("local_global_pattern", pattern, "must be uniform with scan_layers=True")
+  if c.rope_local_theta is not None and (c.position != "rope" or "L" not in pattern):
+    fail("rope_local_theta", c.rope_local_theta, "needs position='rope' and L layers")
 
 
 def _is_int(value: Any) -> bool:

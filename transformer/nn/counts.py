@@ -41,13 +41,14 @@ def moe_params(c: ModelConfig) -> int:
 
 
 def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
-  """A `Stack`: its layers (dense or mixture-of-experts FFN), the pre-LN final norm and
-  its shared position table."""
+  """A `Stack`: its layers (dense or mixture-of-experts FFN), the final norm (pre-LN and
+  sandwich) and its shared position table."""
   attention = attention_params(c) + (attention_params(c, is_cross=True) if cross else 0)
-  per_layer = (2 + cross) * norm_params(c) + attention
+  norms_per_sublayer = 2 if c.norm_position == "sandwich" else 1
+  per_layer = (2 + cross) * norms_per_sublayer * norm_params(c) + attention
   moe_layers = sum(c.is_moe_layer(i) for i in range(layers))
   body = layers * per_layer + moe_layers * moe_params(c) + (layers - moe_layers) * ffn_params(c)
-  final_norm = norm_params(c) if c.norm_position == "pre" else 0
+  final_norm = norm_params(c) if c.norm_position != "post" else 0
   return body + final_norm + position_for(c).stack_params()
 
 

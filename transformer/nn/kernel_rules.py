@@ -40,6 +40,7 @@ class AttentionOptions:
   dropout_rate: float = 0.0  # dropout on the attention weights, in calls not deterministic
   ops: str = "fast"  # fast | plain (`transformer.ops`): dropout masks, causal query blocks
   splash_blocks: tuple[int, int] = (512, 512)  # (query, key) blocks of 'splash', multiples of 128
+  softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2)
 
   def __post_init__(self):
     if self.impl == "auto":
@@ -64,6 +65,7 @@ def attention_options(config: ModelConfig) -> AttentionOptions:
     dropout_rate=config.attention_dropout_rate,
     ops=config.ops,
     splash_blocks=(config.splash_block_q, config.splash_block_kv),
+    softcap=config.attention_softcap,
   )
 
 
@@ -84,6 +86,8 @@ def fused_attention_problem(c: ModelConfig, impl: str) -> str | None:
         f"{name} needs a head dim that is a multiple of 8 and <= {CUDNN_MAX_HEAD_DIM},"
         f" got {c.head_dim}"
       )
+  if c.attention_softcap is not None:
+    return f"{name} is not wired for attention_softcap={c.attention_softcap} here"
   if impl == "splash" and adds_logit_bias(c):
     return f"{name} takes no logit bias and position={c.position!r} adds one"
   return None

@@ -7,7 +7,8 @@ Query head n uses key/value head n // G (heads of one group are contiguous, as i
 PyTorch's `enable_gqa` and `repeat_interleave`). Masks are boolean, True = may attend,
 broadcastable to [B, N, T, S]:
 
-  'xla'      einsum + float32 softmax; the reference, supports everything. With the
+  'xla'      einsum + float32 softmax; the reference, supports everything (also the
+             score soft-cap of `options.softcap`, as 'chunked' does). With the
              'fast' ops, causal self-attention runs by query blocks (`ops.causal_blocks`).
   'jax'      `jax.nn.dot_product_attention` with its default (XLA) implementation; falls
              back to 'xla' when attention dropout is active or weights are requested.
@@ -105,14 +106,17 @@ def dot_product_attention(
   if impl == "chunked" and not return_weights:
     chunk = options.chunk_size
     return _chunked_attention(
-      q, k, v, mask, mask_info, bias, rate, dropout_rng, chunk, scale, kernels.bernoulli
-    )
+      q, k, v, mask, mask_info, bias, rate, dropout_rng, chunk, scale, kernels.bernoulli,
+      options.softcap,
+    )  # fmt: skip
   if mask_info is not None:
     mask = combine_masks(mask, mask_info.block_mask())
-  if impl == "jax" and not use_dropout and not return_weights:
+  if impl == "jax" and not use_dropout and not return_weights and options.softcap is None:
     out = jax.nn.dot_product_attention(q, k, v, bias=bias, mask=mask, scale=scale)
     return out.astype(q.dtype)
-  attend = functools.partial(_xla_attention, scale=scale, bernoulli=kernels.bernoulli)
+  attend = functools.partial(
+    _xla_attention, scale=scale, bernoulli=kernels.bernoulli, softcap=options.softcap
+  )
   blocks = 1 if return_weights else kernels.causal_query_blocks(q.shape[1], k.shape[1], mask_info)
   if blocks > 1:
     return causal_block_attention(attend, q, k, v, mask, bias, rate, dropout_rng, blocks)
@@ -162,9 +166,15 @@ def _cudnn_attention(q, k, v, mask, mask_info, bias, scale) -> jax.Array:
   return out[:, :t].astype(q.dtype)  # [B, T, N, H]
 
 
+def soft_cap(logits: jax.Array, cap: float | None) -> jax.Array:
+  """cap * tanh(logits / cap) (Gemma 2's attention and final logits); logits if cap is None."""
+  return logits if cap is None else cap * jnp.tanh(logits / cap)
+
+
 def _xla_attention(
-  q, k, v, mask, bias, dropout_rate, dropout_rng, return_weights=False, *, scale, bernoulli
-):
+  q, k, v, mask, bias, dropout_rate, dropout_rng, return_weights=False, *, scale, bernoulli,
+  softcap=None,
+):  # fmt: skip
   b, t, n, h = q.shape
   s, kv = k.shape[1], k.shape[2]
   q = q * jnp.asarray(scale, q.dtype)
@@ -176,6 +186,7 @@ def _xla_attention(
   logits = logits.reshape(b, n, t, s)  # [B, N, T, S]
   if bias is not None:
     logits = logits + bias.astype(jnp.float32)
+  logits = soft_cap(logits, softcap)
   if mask is not None:
     logits = jnp.where(mask, logits, MASK_VALUE)
   weights = jax.nn.softmax(logits, axis=-1)  # [B, N, T, S] float32
@@ -201,8 +212,9 @@ def _pad_axis(x, axis, new_len, value):
 
 
 def _chunked_attention(
-  q, k, v, mask, mask_info, bias, dropout_rate, dropout_rng, chunk, scale, bernoulli: Callable
-):
+  q, k, v, mask, mask_info, bias, dropout_rate, dropout_rng, chunk, scale, bernoulli: Callable,
+  softcap=None,
+):  # fmt: skip
   b, t, n, h = q.shape
   s, kv = k.shape[1], k.shape[2]
   g = n // kv
@@ -250,6 +262,7 @@ def _chunked_attention(
       if block_bias is not None:
         kv_pos_blk = lax.dynamic_slice_in_dim(kv_pos, kj * kc, kc, axis=1)  # [B, kc]
         logits = logits + block_bias(q_unscaled_blk, q_pos_blk, kv_pos_blk).astype(jnp.float32)
+      logits = soft_cap(logits, softcap)
       block_mask = slice_broadcast(slice_broadcast(mask, 2, qi * qc, qc), 3, kj * kc, kc)
       if mask_info is not None:
         block_mask = combine_masks(block_mask, mask_info.block_mask(qi * qc, qc, kj * kc, kc))

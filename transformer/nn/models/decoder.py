@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from transformer.nn import counts
 from transformer.nn.blocks import Stack
 from transformer.nn.config import ModelConfig, fail
+from transformer.nn.kernels import soft_cap
 from transformer.nn.layers import Embedder, default_positions, make_dense, make_embed
 from transformer.nn.masks import MaskInfo
 
@@ -65,7 +66,7 @@ class DecoderLM(nn.Module):
         c, c.vocab_size, "lm_head", use_bias=False, kernel_init=nn.initializers.lecun_normal()
       )
       logits = lm_head(x)  # [B, T, V]
-    return logits.astype(jnp.float32)
+    return soft_cap(logits.astype(jnp.float32), c.logits_softcap)  # [B, T, V]
 
 
 def build(c: ModelConfig) -> nn.Module:

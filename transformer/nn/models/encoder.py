@@ -138,6 +138,8 @@ def build(c: ModelConfig) -> nn.Module:
 def validate(c: ModelConfig) -> None:
   if c.scale_logits:
     fail("scale_logits", c.scale_logits, "the output rescaling is for decoder and seq2seq")
+  if c.logits_softcap is not None:
+    fail("logits_softcap", c.logits_softcap, "the logit soft cap is for decoder and seq2seq")
 
 
 def param_count(c: ModelConfig) -> int:

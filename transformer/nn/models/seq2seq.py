@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from transformer.nn import counts
 from transformer.nn.blocks import Stack, shift_right
 from transformer.nn.config import ModelConfig, fail
+from transformer.nn.kernels import soft_cap
 from transformer.nn.layers import Embedder, default_positions, make_dense, make_embed
 from transformer.nn.masks import MaskInfo
 
@@ -95,7 +96,7 @@ class EncoderDecoder(nn.Module):
     if c.scale_logits:  # T5 v1.0 (Mesh TensorFlow): rescale before the tied logits
       x = x * jnp.asarray(c.d_model**-0.5, x.dtype)  # [B, T, D]
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)  # [B, T, V]
-    return logits.astype(jnp.float32)
+    return soft_cap(logits.astype(jnp.float32), c.logits_softcap)  # [B, T, V]
 
   def __call__(
     self,

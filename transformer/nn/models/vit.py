@@ -83,6 +83,8 @@ def validate(c: ModelConfig) -> None:
     fail("num_classes", c.num_classes, "a ViT needs num_classes > 0")
   if c.scale_logits:
     fail("scale_logits", c.scale_logits, "the output rescaling is for decoder and seq2seq")
+  if c.logits_softcap is not None:
+    fail("logits_softcap", c.logits_softcap, "the logit soft cap is for decoder and seq2seq")
   if c.position not in POSITIONS:
     fail("position", c.position, "ViT supports learned, sinusoidal (2-D sin-cos) or none")
   tokens = c.num_patches + (c.pooling == "cls")
