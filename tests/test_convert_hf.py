@@ -30,6 +30,7 @@ COMMON = {"num_hidden_layers": LAYERS, "num_attention_heads": HEADS, "hidden_siz
 INIT = {"initializer_range": 0.1}  # logits of order 1, so the tolerances mean something
 B, T = 3, 10  # batch, length of the logits inputs
 CAUSAL = ("GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+ENCODERS = ("Bert", "Roberta")  # name prefixes of the token-type encoders
 
 
 def _gpt2():
@@ -123,16 +124,18 @@ def saved(build, seed: int, path):
 
 
 def _inputs(arch: str) -> dict[str, np.ndarray]:
-  """Padded inputs: tokens (PAD = 0), mask, positions, token types; or images."""
+  """Padded inputs: tokens (PAD = 0; RoBERTa's 1), mask, positions, token types; or images."""
   rng = np.random.default_rng(0)
   if arch.startswith("ViT"):
     return {"images": rng.normal(size=(B, 16, 16, 3)).astype(np.float32)}
   mask = np.ones((B, T), np.int32)
   mask[1, :3] = 0 if arch in CAUSAL else 1  # left padding
   mask[2, 6:] = 0  # right padding
-  tokens = np.where(mask > 0, rng.integers(1, VOCAB, (B, T)), 0).astype(np.int32)
+  roberta = arch.startswith("Roberta")  # HF numbers positions from PAD 1; one token type
+  pad = 1 if roberta else 0
+  tokens = np.where(mask > 0, rng.integers(pad + 1, VOCAB, (B, T)), pad).astype(np.int32)
   positions = np.maximum(np.cumsum(mask, 1) - 1, 0).astype(np.int32)
-  types = (np.arange(T) >= 4).astype(np.int32)[None].repeat(B, 0) * mask
+  types = (np.arange(T) >= 4).astype(np.int32)[None].repeat(B, 0) * mask * (not roberta)
   return {"tokens": tokens, "mask": mask, "positions": positions, "types": types}
 
 
@@ -145,7 +148,7 @@ def _hf_logits(arch: str, model, x: dict[str, np.ndarray]) -> np.ndarray:
     if arch.startswith("ViT"):
       return model(pixel_values=t["images"].permute(0, 3, 1, 2)).logits.numpy()
     kwargs = {"input_ids": t["tokens"], "attention_mask": t["mask"]}
-    if arch.startswith("Bert"):
+    if arch.startswith(ENCODERS):  # RoBERTa's positions: HF's own, from the PAD tokens
       kwargs["token_type_ids"] = t["types"]
     else:
       kwargs["position_ids"] = t["positions"]
@@ -156,8 +159,11 @@ def _our_logits(arch: str, config: ModelConfig, params, x: dict[str, np.ndarray]
   model = build_model(config)
   if arch.startswith("ViT"):
     return np.asarray(model.apply(params, x["images"]))
-  if arch.startswith("Bert"):
-    return np.asarray(model.apply(params, x["tokens"], x["mask"], token_type_ids=x["types"]))
+  if arch.startswith(ENCODERS):  # RoBERTa numbers the real tokens, BERT every slot
+    positions = x["positions"] if arch.startswith("Roberta") else None
+    return np.asarray(
+      model.apply(params, x["tokens"], x["mask"], positions, token_type_ids=x["types"])
+    )
   return np.asarray(model.apply(params, x["tokens"], x["positions"], x["mask"]))
 
 
@@ -209,6 +215,16 @@ def check_greedy(model, path) -> None:
 def test_import_matches_hf_and_export_round_trips(arch, checkpoints, tmp_path):
   model, path = checkpoints[arch]
   check_parity_and_round_trip(arch, model, path, tmp_path / "export")
+
+
+def test_untied_bert_masked_lm_takes_the_decoders_bias(tmp_path):
+  """Untied, HF's logits add `cls.predictions.decoder.bias`, not `cls.predictions.bias`."""
+  build = lambda: transformers.BertForMaskedLM(_bert_config(tie_word_embeddings=False))
+  model, path = saved(build, 9, tmp_path / "hf")
+  with torch.no_grad():  # the two biases differ, so taking the wrong one shows
+    model.cls.predictions.decoder.bias.add_(0.5 * torch.randn_like(model.cls.predictions.bias))
+  model.save_pretrained(path)
+  check_parity_and_round_trip("BertForMaskedLM", model, path, tmp_path / "export")
 
 
 def test_llama_head_dim_mqa_tied_and_biased(tmp_path):

@@ -1,4 +1,4 @@
-"""Gemma 1, Qwen3 (QK-norm, head_dim apart from D / N), Qwen3-MoE and Mixtral against
+"""Gemma 1 / 2 / 3, Qwen3 (QK-norm, head_dim apart from D / N), Qwen3-MoE and Mixtral against
 `transformers`.
 
 The tiny models follow tests/test_convert_hf.py (width 32, 2 layers, vocabulary 100,
@@ -63,8 +63,40 @@ def _gemma():
   )  # fmt: skip
 
 
+def _gemma2():
+  """Gemma 2: sandwich norms, soft caps low enough to bind on these logits, a 3-key window
+  on alternate layers, query_pre_attn_scalar other than head_dim."""
+  return transformers.Gemma2ForCausalLM(
+    transformers.Gemma2Config(
+      vocab_size=V, intermediate_size=FFN, num_key_value_heads=2, head_dim=16,
+      max_position_embeddings=MAX_LEN, sliding_window=3, query_pre_attn_scalar=12,
+      attn_logit_softcapping=2.0, final_logit_softcapping=1.5, **SHARED,
+    )
+  )  # fmt: skip
+
+
+def _gemma3():
+  """Gemma 3: QK-norm, pattern LLG over 3 layers, local base 100, global base 1e4 with
+  linear scaling 2."""
+  shared = SHARED | {"num_hidden_layers": 3}
+  rope = {
+    "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 10_000.0},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+  }
+  return transformers.Gemma3ForCausalLM(
+    transformers.Gemma3TextConfig(
+      vocab_size=V, intermediate_size=FFN, num_key_value_heads=1, head_dim=16,
+      max_position_embeddings=MAX_LEN, sliding_window=2, query_pre_attn_scalar=16,
+      layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+      rope_parameters=rope, **shared,
+    )
+  )  # fmt: skip
+
+
 BUILDERS = {
   "GemmaForCausalLM": _gemma,
+  "Gemma2ForCausalLM": _gemma2,
+  "Gemma3ForCausalLM": _gemma3,
   "Qwen3ForCausalLM": _qwen3,
   "Qwen3MoeForCausalLM": _qwen3_moe,
   "MixtralForCausalLM": _mixtral,
@@ -100,6 +132,29 @@ def test_configs_carry_the_options(checkpoints):
   gemma = convert.load(checkpoints["GemmaForCausalLM"][1])[0]
   assert gemma.norm_scale_plus_one and gemma.scale_embeddings and gemma.tie_embeddings
   assert (gemma.activation, gemma.head_dim, gemma.kv_heads) == ("geglu_tanh", 16, 1)
+  g2 = convert.load(checkpoints["Gemma2ForCausalLM"][1])[0]
+  assert (g2.norm_position, g2.local_global_pattern, g2.sliding_window) == ("sandwich", "LG", 3)
+  assert (g2.attention_softcap, g2.logits_softcap, g2.attention_scale) == (2.0, 1.5, 12**-0.5)
+  g3 = convert.load(checkpoints["Gemma3ForCausalLM"][1])[0]
+  assert (g3.local_global_pattern, g3.rope_local_theta, g3.rope_theta) == ("LLG", 100.0, 1e4)
+  assert (g3.rope_scaling, g3.qk_norm, g3.attention_scale) == ("linear", True, None)
+  assert g3.attention_softcap is None and g3.logits_softcap is None
+
+
+def test_the_gemma_options_matter(checkpoints):
+  """Each Gemma 2 / 3 option changes the logits, so the parity above tests it."""
+  for arch, changes in (
+    ("Gemma2ForCausalLM", dict(attention_softcap=None)),
+    ("Gemma2ForCausalLM", dict(logits_softcap=None)),
+    ("Gemma2ForCausalLM", dict(local_global_pattern="L")),
+    ("Gemma3ForCausalLM", dict(rope_local_theta=10_000.0)),
+    ("Gemma3ForCausalLM", dict(local_global_pattern="LG")),
+  ):
+    config, params = convert.load(checkpoints[arch][1])
+    x = parity._inputs(arch)
+    ours = parity._our_logits(arch, config, params, x)
+    other = parity._our_logits(arch, config.replace(**changes), params, x)
+    assert np.abs(ours - other).max() > 1e-3, (arch, changes)
 
 
 def test_the_gates_matter(checkpoints):

@@ -203,6 +203,10 @@ PLAIN = {
   "norm_scale_plus_one": False,
   "parallel_residual": False,
   "rope_fraction": 1.0,
+  "local_global_pattern": "",
+  "rope_local_theta": None,
+  "attention_softcap": None,
+  "logits_softcap": None,
 }
 
 

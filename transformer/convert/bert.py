@@ -8,7 +8,7 @@ and a linear layer.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from transformer.convert.base import (
@@ -86,7 +86,10 @@ def layer_rules(ours: str, hf: str, c: ModelConfig, qkv: str, norms: tuple[str, 
   ]
 
 
-def config_from_hf(architecture: str, hf: Mapping[str, Any]) -> dict[str, Any]:
+def model_from_hf(hf: Mapping[str, Any], architecture: str, mlm: bool) -> dict[str, Any]:
+  """The ModelConfig fields of a `BertConfig`-layout model (BERT, RoBERTa): the post-LN
+  encoder stack, `max_position_embeddings` positions, token types, and the tying of the
+  masked-LM head (`mlm`) or the classes of the [CLS] classifier."""
   a = architecture
   require(hf, a, "position_embedding_type", ("absolute",))
   require(hf, a, "is_decoder", (False,))
@@ -99,52 +102,80 @@ def config_from_hf(architecture: str, hf: Mapping[str, Any]) -> dict[str, Any]:
     "type_vocab_size": hf.get("type_vocab_size", 2),
     "norm_position": "post",
   }
-  if a == MLM:
-    # Our MLM transform is BERT's exact GELU, whatever the FFN uses.
-    if fields["activation"] != "gelu":
-      unsupported(a, "hidden_act", hf["hidden_act"], ("gelu",))
+  if mlm:
     return {**fields, "num_classes": 0, "tie_embeddings": hf.get("tie_word_embeddings", True)}
   return {**fields, "num_classes": num_labels(hf), "pooling": "cls"}
 
 
-def config_to_hf(architecture: str, c: ModelConfig) -> dict[str, Any]:
+def model_to_hf(c: ModelConfig, architecture: str, mlm: bool) -> dict[str, Any]:
+  """The `BertConfig`-layout config.json fields of `model_from_hf` (no `model_type`, ids)."""
   out = {
-    "model_type": "bert",
     "vocab_size": c.vocab_size,
     **encoder_to_hf(c, architecture),
     "max_position_embeddings": c.max_len,
     "type_vocab_size": c.type_vocab_size,
     "position_embedding_type": "absolute",
-    "pad_token_id": 0,
   }
-  if architecture == MLM:
+  if mlm:
     return {**out, "tie_word_embeddings": c.tie_embeddings}
   return {**out, **labels(c.num_classes)}
 
 
-def backbone(c: ModelConfig) -> list[Rule]:
-  """Embeddings and layers: our 'encoder/...' (+ 'token_embed') <-> 'bert.embeddings/encoder'."""
-  e = f"{PREFIX}embeddings"
+def config_from_hf(architecture: str, hf: Mapping[str, Any]) -> dict[str, Any]:
+  fields = model_from_hf(hf, architecture, architecture == MLM)
+  # Our MLM transform is BERT's exact GELU, whatever the FFN uses.
+  if architecture == MLM and fields["activation"] != "gelu":
+    unsupported(architecture, "hidden_act", hf["hidden_act"], ("gelu",))
+  return fields
+
+
+def config_to_hf(architecture: str, c: ModelConfig) -> dict[str, Any]:
+  return {
+    "model_type": "bert",
+    **model_to_hf(c, architecture, architecture == MLM),
+    "pad_token_id": 0,
+  }
+
+
+def backbone(
+  c: ModelConfig, prefix: str = PREFIX, positions: Callable[[str, str], Rule] = same
+) -> list[Rule]:
+  """Embeddings and layers: our 'encoder/...' (+ 'token_embed') <-> '{prefix}embeddings' and
+  '{prefix}encoder' ('bert.'; RoBERTa's 'roberta.'); `positions(ours, hf)` gives the rule
+  of the position table (`same`; RoBERTa's leaves out its padding rows)."""
+  e = f"{prefix}embeddings"
   out = [
     same("token_embed/embedding", f"{e}.word_embeddings.weight"),
-    same("encoder/embedder/positions/embedding", f"{e}.position_embeddings.weight"),
+    positions("encoder/embedder/positions/embedding", f"{e}.position_embeddings.weight"),
     same("encoder/token_type_embed/embedding", f"{e}.token_type_embeddings.weight"),
     *norm("encoder/embed_norm", f"{e}.LayerNorm"),
   ]
   for i in range(c.num_layers):
-    ours, hf = f"encoder/layers/layer_{i}", f"{PREFIX}encoder.layer.{i}"
+    ours, hf = f"encoder/layers/layer_{i}", f"{prefix}encoder.layer.{i}"
     out += layer_rules(ours, hf, c, "self", ("attention.output.LayerNorm", "output.LayerNorm"))
   return out
+
+
+def output_rules(c: ModelConfig, head: str) -> list[Rule]:
+  """The masked-LM output of head `head` ('cls.predictions', RoBERTa's 'lm_head'): tied,
+  its bias `head`.bias (HF ties the decoder's bias to it); untied, HF ties neither, and
+  the logits take the decoder's weight and bias (`head`.bias, unused, is written equal)."""
+  if c.tie_embeddings:
+    return [same("mlm_bias", f"{head}.bias")]
+  bias = Rule(
+    ("mlm_bias",),
+    (f"{head}.decoder.bias", f"{head}.bias"),
+    lambda decoder_bias, _: (decoder_bias,),
+    lambda b: (b, b),
+  )
+  return [*linear("mlm_head", f"{head}.decoder", bias=False), bias]
 
 
 def mlm_rules(c: ModelConfig) -> list[Rule]:
   out = backbone(c)
   out += linear("mlm_transform", "cls.predictions.transform.dense")
   out += norm("mlm_norm", "cls.predictions.transform.LayerNorm")
-  out.append(same("mlm_bias", "cls.predictions.bias"))
-  if not c.tie_embeddings:
-    out += linear("mlm_head", "cls.predictions.decoder", bias=False)
-  return out
+  return out + output_rules(c, "cls.predictions")
 
 
 def classifier_rules(c: ModelConfig) -> list[Rule]:

@@ -213,13 +213,26 @@ def decoder_rules(c: ModelConfig, feed_forward, projections=None) -> list[Rule]:
     if c.qk_norm:  # Qwen3: one RMSNorm scale [H] for the query heads, one for the key heads
       out += norm(f"{ours}/self_attention/query_norm", f"{hf}.self_attn.q_norm", bias=False)
       out += norm(f"{ours}/self_attention/key_norm", f"{hf}.self_attn.k_norm", bias=False)
-    out += norm(f"{ours}/self_attention_norm", f"{hf}.input_layernorm", bias=False)
-    out += norm(f"{ours}/ffn_norm", f"{hf}.post_attention_layernorm", bias=False)
+    for our_norm, hf_norm in _norm_names(c):
+      out += norm(f"{ours}/{our_norm}", f"{hf}.{hf_norm}", bias=False)
     out += feed_forward(c, ours, hf, i)
   out += norm("decoder/final_norm", f"{PREFIX}norm", bias=False)
   if not c.tie_embeddings:
     out += linear("lm_head", "lm_head", bias=False)
   return out
+
+
+def _norm_names(c: ModelConfig) -> tuple[tuple[str, str], ...]:
+  """(our norm, Hugging Face's) of a layer: pre-LN, or sandwich (Gemma 2 / 3: a norm
+  before and after each sublayer)."""
+  if c.norm_position == "sandwich":
+    return (
+      ("self_attention_norm", "input_layernorm"),
+      ("self_attention_norm_post", "post_attention_layernorm"),
+      ("ffn_norm", "pre_feedforward_layernorm"),
+      ("ffn_norm_post", "post_feedforward_layernorm"),
+    )
+  return (("self_attention_norm", "input_layernorm"), ("ffn_norm", "post_attention_layernorm"))
 
 
 def _projections(c: ModelConfig, ours: str, hf: str) -> list[Rule]:

@@ -14,12 +14,13 @@ from transformer.convert import (
   mixtral,
   phi3,
   qwen3,
+  roberta,
   t5,
   vit,
 )
 from transformer.convert.base import Converter
 
-MODULES = (gpt2, bert, vit, llama, qwen3, mixtral, gemma, phi3, gpt_neox, t5)
+MODULES = (gpt2, bert, roberta, vit, llama, qwen3, mixtral, gemma, phi3, gpt_neox, t5)
 
 ARCHITECTURES: dict[str, Converter] = {
   name: converter for module in MODULES for name, converter in module.CONVERTERS.items()
