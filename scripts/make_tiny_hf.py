@@ -1,6 +1,6 @@
 """Tiny random Hugging Face model directories, to try `init_from='hf:DIR'` with no network.
 
-  python scripts/make_tiny_hf.py runs/tiny_hf            # gpt2/ bert/ llama/ t5/ vit/
+  python scripts/make_tiny_hf.py runs/tiny_hf   # gpt2/ bert/ llama/ mixtral/ gemma2/ t5/ vit/
   python scripts/make_tiny_hf.py runs/tiny_hf gpt2 t5    # only these
 
 Each directory is what `save_pretrained` writes (config.json, model.safetensors), with
@@ -8,13 +8,16 @@ random weights from our own initialisation written by `transformer.convert.save`
 tokenizer trained on the first lines of data/tinyshakespeare.txt.gz where the family has
 one: GPT-2 a byte-level BPE (`tokenizer.json`, `<|endoftext|>` as BOS = EOS = UNK), BERT
 a WordPiece (`tokenizer.json`, [PAD] [UNK] [CLS] [SEP] [MASK]), Llama a SentencePiece BPE
-(`tokenizer.model`, UNK 0, BOS 1, EOS 2), T5 a SentencePiece unigram (`spiece.model`, PAD 0,
+(`tokenizer.model`, UNK 0, BOS 1, EOS 2; Mixtral and Gemma 2 the same kind), T5 a
+SentencePiece unigram (`spiece.model`, PAD 0,
 EOS 1, UNK 2, 100 sentinels), trained also on English and Spanish verses of
 data/bible_kjv_rv1909_en_es.tsv.gz from its training split (T5's vocabulary covers several
 languages; configs/finetune_t5_en_es.py needs the Spanish letters). ViT has none; it is
 greyscale, 32 x 32 pixels in 16 x 16 patches, 10 labels (the shipped digits resized, as
 configs/finetune_vit_digits.py reads them). Sizes: width 32, 2 heads, 1 layer, feed-forward
-64, 64 positions (the sizes tests/test_recipes.py shrinks every config to). The weights are
+64, 64 positions (the sizes tests/test_recipes.py shrinks every config to). Mixtral has 4
+experts, 2 per token; Gemma 2 its soft caps, sandwich norms, (1 + w) RMSNorm, tanh GeGLU
+and 16-wide heads, with a 32-token window on its one (local) layer. The weights are
 random: the point is the path (config, weights, tokenizer), not the predictions.
 
 Needs the `hf` extra (safetensors, tokenizers, sentencepiece), not PyTorch or
@@ -41,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 TEXT = REPO / "data" / "tinyshakespeare.txt.gz"
 VERSES = REPO / "data" / "bible_kjv_rv1909_en_es.tsv.gz"
 WIDTH, HEADS, LAYERS, FFN, MAX_LEN = 32, 2, 1, 64, 64
-FAMILIES = ("gpt2", "bert", "llama", "t5", "vit")
+FAMILIES = ("gpt2", "bert", "llama", "mixtral", "gemma2", "t5", "vit")
 END = "<|endoftext|>"
 
 
@@ -169,6 +172,21 @@ def hf_config(family: str, vocab: int) -> tuple[str, dict]:
       num_hidden_layers=LAYERS, intermediate_size=FFN, max_position_embeddings=MAX_LEN,
       hidden_act="silu", rope_theta=10_000.0, tie_word_embeddings=False,
     )  # fmt: skip
+  if family == "mixtral":
+    return "MixtralForCausalLM", dict(
+      vocab_size=vocab, hidden_size=WIDTH, num_attention_heads=HEADS, num_key_value_heads=1,
+      num_hidden_layers=LAYERS, intermediate_size=FFN, max_position_embeddings=MAX_LEN,
+      hidden_act="silu", num_local_experts=4, num_experts_per_tok=2, router_aux_loss_coef=0.02,
+      tie_word_embeddings=False,
+    )  # fmt: skip
+  if family == "gemma2":
+    return "Gemma2ForCausalLM", dict(
+      vocab_size=vocab, hidden_size=WIDTH, num_attention_heads=HEADS, num_key_value_heads=1,
+      head_dim=16, num_hidden_layers=LAYERS, intermediate_size=FFN,
+      max_position_embeddings=MAX_LEN, hidden_activation="gelu_pytorch_tanh",
+      sliding_window=32, layer_types=["sliding_attention"] * LAYERS, query_pre_attn_scalar=16,
+      attn_logit_softcapping=50.0, final_logit_softcapping=30.0, tie_word_embeddings=True,
+    )  # fmt: skip
   if family == "t5":
     return "T5ForConditionalGeneration", dict(
       vocab_size=vocab, d_model=WIDTH, num_heads=HEADS, d_kv=WIDTH // HEADS, d_ff=FFN,
@@ -187,6 +205,8 @@ TOKENIZERS = {
   "gpt2": gpt2_tokenizer,
   "bert": bert_tokenizer,
   "llama": llama_tokenizer,
+  "mixtral": llama_tokenizer,
+  "gemma2": llama_tokenizer,
   "t5": t5_tokenizer,
 }
 

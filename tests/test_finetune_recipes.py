@@ -36,6 +36,8 @@ from transformer.train import loop as train_lib
 RECIPE = {  # family -> recipe
   "bert": "finetune_bert_testament",
   "llama": "finetune_llama_shakespeare",
+  "mixtral": "finetune_mixtral_shakespeare",
+  "gemma2": "finetune_gemma2_shakespeare",
   "t5": "finetune_t5_en_es",
   "vit": "finetune_vit_digits",
 }
@@ -109,9 +111,10 @@ def _fine_tune(family, hf_dir, tmp_path, caplog, **loop):
 
   @jax.jit
   def loss(params, batch):  # the task's forward pass and loss, apart from the train step
-    logits, targets, weights = exp.task.apply(s.model, {"params": params}, batch)
+    variables = {"params": params}  # aux: the MoE router's losses, {} for a dense model
+    logits, targets, weights, aux = exp.task.forward_with_aux(s.model, variables, batch, True, {})
     loss_sum, weight_sum, _ = losses.cross_entropy_with_label_smoothing(logits, targets, weights)
-    return loss_sum / weight_sum
+    return exp.task.objective(loss_sum, weight_sum, aux)[0] / weight_sum
 
   expected = float(loss(params, batch))
   np.testing.assert_allclose(_first_train_loss(tmp_path / "run"), expected, rtol=1e-5)
@@ -177,6 +180,21 @@ def test_llama_lm_starts_from_the_checkpoint(hf_dirs, tmp_path, caplog):
   tok = pretrained.from_pretrained_dir(hf_dirs["llama"])
   assert s.model_cfg.vocab_size == tok.vocab_size and s.model_cfg.position == "rope"
   np.testing.assert_array_equal(batch["inputs"][:, 1:], batch["targets"][:, :-1])  # windows
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gemma2"])
+def test_moe_and_gemma_lms_start_from_the_checkpoint(family, hf_dirs, tmp_path, caplog):
+  """The MoE recipe's first loss includes Mixtral's balance loss (the router's, from the
+  imported router weights); Gemma 2's runs through its soft caps and sandwich norms."""
+  metrics, _, s, kept = _fine_tune(family, hf_dirs[family], tmp_path, caplog)
+  copied, total = _copied(caplog)
+  assert not kept and copied == total == len(jax.tree.leaves(s.state.params))
+  c = s.model_cfg
+  if family == "mixtral":
+    assert (c.moe_experts, c.moe_top_k, c.moe_balance_loss) == (4, 2, 0.04)
+    assert metrics["moe_balance_loss"] > 0
+  else:
+    assert (c.norm_position, c.logits_softcap, c.norm_scale_plus_one) == ("sandwich", 30.0, True)
 
 
 def test_t5_translation_keeps_t5s_ids(hf_dirs, tmp_path, caplog):

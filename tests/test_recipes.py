@@ -36,6 +36,7 @@ TINY_HF = Path(tempfile.gettempdir()) / f"transformer_tiny_hf_{os.getpid()}"
 TINY_GPT2 = str(TINY_HF / "gpt2")
 TINY_BERT, TINY_LLAMA = str(TINY_HF / "bert"), str(TINY_HF / "llama")
 TINY_T5, TINY_VIT = str(TINY_HF / "t5"), str(TINY_HF / "vit")
+TINY_MIXTRAL, TINY_GEMMA2 = str(TINY_HF / "mixtral"), str(TINY_HF / "gemma2")
 
 # config file stem -> (documented args, data overrides, model overrides) for the tiny run.
 RECIPES: dict[str, tuple[tuple, dict, dict]] = {
@@ -60,6 +61,8 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "finetune_gpt2_shakespeare": ((TINY_GPT2,), {}, {}),  # hf: a tiny random GPT-2 directory
   "finetune_bert_testament": ((TINY_BERT,), {}, {}),  # hf: BertForMaskedLM
   "finetune_llama_shakespeare": ((TINY_LLAMA,), {}, {}),  # hf: LlamaForCausalLM
+  "finetune_mixtral_shakespeare": ((TINY_MIXTRAL,), {}, {}),  # hf: MixtralForCausalLM (MoE)
+  "finetune_gemma2_shakespeare": ((TINY_GEMMA2,), {}, {}),  # hf: Gemma2ForCausalLM
   "finetune_t5_en_es": ((TINY_T5,), {}, {}),  # hf: T5ForConditionalGeneration
   "finetune_vit_digits": ((TINY_VIT,), {}, {"max_len": 5}),  # hf: 4 patches + [CLS]
 }
@@ -83,7 +86,7 @@ def tiny_hf_dirs():
   """The Hugging Face directories the `hf:` recipes start from."""
   script = make_tiny_hf()
   texts = script.corpus(60)  # tokenizers in seconds
-  for path in (TINY_GPT2, TINY_BERT, TINY_LLAMA, TINY_T5, TINY_VIT):
+  for path in (TINY_GPT2, TINY_BERT, TINY_LLAMA, TINY_MIXTRAL, TINY_GEMMA2, TINY_T5, TINY_VIT):
     script.make(Path(path).name, path, texts=texts)
   yield
   shutil.rmtree(TINY_HF, ignore_errors=True)
