@@ -31,6 +31,7 @@ from transformer.train import loop as train_lib
 from transformer.train import pretrained as pretrained_lib
 
 FAMILIES = ("gpt2", "bert", "llama", "t5", "vit")
+CHAT = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}me:"
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +66,9 @@ def trained(gpt2_dir, tmp_path_factory):
   root = tmp_path_factory.mktemp("trained")
   source = root / "gpt2"
   shutil.copytree(gpt2_dir, source)
+  tokenizer_config = json.loads((source / "tokenizer_config.json").read_text())
+  tokenizer_config["chat_template"] = CHAT  # kept with the run's tokenizer, for eval.py --chat
+  (source / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
   messages, logger = _Messages(), logging.getLogger()
   level = logger.level
   logger.addHandler(messages)
@@ -172,3 +176,6 @@ def test_the_run_resumes_and_evaluates_once_the_directory_is_gone(trained, tmp_p
   assert [x["step"] for x in lines if x.get("split") == "train"] == [1, 2, 3]  # resumed at 2
   result = evaluate(workdir, options=EvalOptions(max_new_tokens=4))
   assert result["step"] == 3 and np.isfinite(result["loss"]), result
+  chat = evaluate(workdir, options=EvalOptions(prompts=("ROMEO:",), max_new_tokens=4, chat=True))
+  (sample,) = chat["samples"]
+  assert sample["prompt"] == "user: ROMEO:<|endoftext|>me:"  # the template, from the record

@@ -26,6 +26,7 @@ _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "step to evaluate (defaul
 _EVAL_BATCHES = flags.DEFINE_integer("eval_batches", None, "batches (default: as in training)")
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "LM: text to continue (repeatable)")
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "LM: samples per prompt")
+_CHAT = flags.DEFINE_bool("chat", False, "LM: each --prompt as a user turn of the chat template")
 _MAX_NEW = flags.DEFINE_integer("max_new_tokens", 200, "LM: tokens to sample")
 _PAST_CONTEXT = flags.DEFINE_enum(
   "past_context", "cap", ["cap", "slide"],
@@ -55,7 +56,7 @@ def _run():
     prompts=tuple(_PROMPT.value), num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,
     temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
     bleu_method=_BLEU_METHOD.value, beam_size=_BEAM_SIZE.value,
-    past_context=_PAST_CONTEXT.value,
+    past_context=_PAST_CONTEXT.value, chat=_CHAT.value,
   )  # fmt: skip
   result = evaluate(
     _WORKDIR.value, _CHECKPOINT.value, _EVAL_BATCHES.value, options, _EMA.value, _MERGE_LORA.value

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import numpy as np
 from etils import epath
 
+from transformer.convert import chat
 from transformer.data import tokenizers as project_tokenizers
 from transformer.data.files import write_atomic
 from transformer.data.tokenizers import Tokenizer
@@ -263,6 +264,18 @@ class PretrainedTokenizer(Tokenizer):
     prev_special = np.concatenate([[True], special[:-1]])
     return ~special & (self._starts[ids] | prev_special)
 
+  def chat_prompt(self, text: str) -> str:
+    """`text` as one user message under the checkpoint's chat template, with the
+    assistant's turn opened (`chat.render`); its special tokens' texts encode to their ids
+    (a `tokenizer.json` only: a SentencePiece model would spell them out)."""
+    template = self._saved.get("chat_template")
+    if not template:
+      raise ValueError(f"--chat: the tokenizer of {self.name} has no chat template")
+    if self._saved["backend"] != "tokenizers":
+      raise ValueError(f"--chat: needs a tokenizer.json ({self.name} has a SentencePiece model)")
+    texts = {r: self.id_to_piece(i) for r, i in self.specials.items() if i is not None}
+    return chat.render(template, [{"role": "user", "content": text}], texts)
+
   def save(self, path: str | os.PathLike) -> None:
     write_atomic(path, json.dumps(self._saved, sort_keys=True).encode())
 
@@ -313,6 +326,7 @@ def from_pretrained_dir(path: str | os.PathLike) -> PretrainedTokenizer:
   while (i := backend.id_of(f"<extra_id_{len(sentinels)}>")) is not None:
     sentinels.append(i)
   saved |= {"specials": specials, "sentinels": sentinels}
+  saved["chat_template"] = chat.read_template(root, config)
   return PretrainedTokenizer(saved)
 
 

@@ -19,6 +19,7 @@ the compiled step, on base + adapters (the same function up to float rounding).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
@@ -122,6 +123,11 @@ def evaluate(
   s, state, step = restore(workdir, step, ema)
   if ema:
     state = ema_view(state)
+  if options.chat:  # a pretrained tokenizer's chat template around each prompt
+    if not hasattr(s.info.tokenizer, "chat_prompt"):
+      raise ValueError(f"--chat: the run in {workdir} has no pretrained tokenizer (init_from hf:)")
+    prompts = tuple(s.info.tokenizer.chat_prompt(p) for p in options.prompts)
+    options = dataclasses.replace(options, prompts=prompts)
   chosen = evaluators.for_eval(s.exp.eval.evaluators, s.exp.task, options)
   for evaluator in chosen:  # bad options fail before any evaluation work
     evaluator.check(s.model_cfg, s.info.tokenizer)

@@ -45,6 +45,7 @@ class EvalOptions:
   top_p: float = 1.0  # sample: nucleus mass (1 = all)
   bleu_method: str = "beam"  # bleu: translation decoding, beam | greedy
   beam_size: int = 4  # bleu: translation beam size
+  chat: bool = False  # sample: each prompt as a user message in the tokenizer's chat template
 
 
 @dataclasses.dataclass(frozen=True)
