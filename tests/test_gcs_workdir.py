@@ -21,6 +21,7 @@ import textwrap
 import time
 import urllib.request
 
+import jax
 import pytest
 from fault_harness import (
   REPO,
@@ -224,3 +225,34 @@ def test_unwritable_or_unreachable_gs_workdir_is_one_line(emulator, tmp_path):
     assert lines and lines[-1].startswith(f"error: workdir {url} is not writable: "), stderr
     assert reason in lines[-1], (what, lines[-1])
     assert "Traceback" not in stderr and "phase build" not in stderr, (what, stderr)
+
+
+def test_sharded_bf16_checkpoint_loads_from_object_storage(emulator, tmp_path):
+  """A Hugging Face directory in gs://, bf16 and in several shards, read tensor by tensor:
+  the same parameters as the local copy, each the float32 of the bf16 weight."""
+  import numpy as np
+  import torch
+  import transformers
+  from etils import epath
+
+  from transformer import convert
+
+  config = transformers.LlamaConfig(
+    vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+    num_attention_heads=2, max_position_embeddings=32,
+  )  # fmt: skip
+  model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
+  local = tmp_path / "llama"
+  model.save_pretrained(local, max_shard_size="4KB")
+  assert len(list(local.glob("model-*.safetensors"))) > 1
+  remote = epath.Path(f"gs://{BUCKET}/hf/llama")
+  for f in local.iterdir():
+    (remote / f.name).write_bytes(f.read_bytes())
+  got_config, got = convert.load(str(remote))
+  want_config, want = convert.load(local)
+  assert got_config == want_config
+  flat = lambda p: dict(jax.tree_util.tree_leaves_with_path(p))  # noqa: E731
+  for (key, value), (_, expected) in zip(flat(got).items(), flat(want).items(), strict=True):
+    np.testing.assert_array_equal(value, expected, err_msg=str(key))
+  embed = model.model.embed_tokens.weight.detach().float().numpy()
+  np.testing.assert_array_equal(got["params"]["token_embed"]["embedding"], embed)

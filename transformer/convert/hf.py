@@ -18,6 +18,7 @@ from typing import Any
 
 import flax
 import jax
+import ml_dtypes
 import numpy as np
 from etils import epath
 
@@ -53,13 +54,63 @@ def read_config(path: str | epath.PathLike) -> dict[str, Any]:
     raise ValueError(f"{file}: not valid JSON ({e})") from e
 
 
+# safetensors dtype names -> NumPy (ml_dtypes for the formats NumPy lacks).
+DTYPES = {
+  "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
+  "F8_E4M3": ml_dtypes.float8_e4m3fn, "F8_E5M2": ml_dtypes.float8_e5m2,
+  "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+  "U64": np.uint64, "U32": np.uint32, "U16": np.uint16, "U8": np.uint8, "BOOL": np.bool_,
+}  # fmt: skip
+MAX_HEADER = 100 << 20  # bytes: safetensors' own limit on the JSON header
+
+
 def _read_file(file: epath.Path, what: str) -> dict[str, np.ndarray]:
+  """The tensors of one safetensors file, read tensor by tensor (header first, then each
+  tensor's byte range), so a large shard in object storage is never held twice."""
   if not file.exists():
     raise ValueError(f"{file}: {what} is missing")
-  try:
-    return _safetensors().load(file.read_bytes())
-  except Exception as e:  # SafetensorError: truncated or corrupt
-    raise ValueError(f"{file}: cannot read {what} (truncated or corrupt: {e})") from e
+
+  def broken(why: str) -> ValueError:
+    return ValueError(f"{file}: cannot read {what} (truncated or corrupt: {why})")
+
+  tensors: dict[str, np.ndarray] = {}
+  with file.open("rb") as f:
+    head = f.read(8)
+    if len(head) < 8:
+      raise broken(f"{len(head)} bytes")
+    size = int.from_bytes(head, "little")
+    if size > MAX_HEADER:
+      raise broken(f"a header of {size} bytes, over {MAX_HEADER}")
+    try:
+      header = json.loads(f.read(size))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise broken(f"the header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+      raise broken("the header is not a JSON object")
+    for name, info in sorted(header.items(), key=lambda kv: _offsets(kv[1])[0]):
+      if name == "__metadata__":
+        continue
+      start, end = _offsets(info)
+      if info.get("dtype") not in DTYPES:
+        raise ValueError(f"{file}: tensor {name!r} has dtype {info.get('dtype')!r}, not one of "
+                         f"{', '.join(DTYPES)}")  # fmt: skip
+      f.seek(8 + size + start)
+      data = f.read(end - start)
+      if len(data) != end - start:
+        raise broken(f"tensor {name!r} needs bytes {start}-{end}, the file ends before")
+      try:
+        tensors[name] = np.frombuffer(data, DTYPES[info["dtype"]]).reshape(info["shape"])
+      except (ValueError, TypeError, KeyError) as e:
+        raise broken(f"tensor {name!r}: {e}") from None
+  return tensors
+
+
+def _offsets(info: Any) -> tuple[int, int]:
+  """(start, end) byte offsets of a header entry ((0, 0) for the metadata)."""
+  if not isinstance(info, Mapping) or "data_offsets" not in info:
+    return (0, 0)
+  start, end = info["data_offsets"]
+  return int(start), int(end)
 
 
 def read_tensors(path: str | epath.PathLike) -> dict[str, np.ndarray]:
