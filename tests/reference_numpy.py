@@ -277,8 +277,12 @@ def multi_head_attention(
   k = dense(kv_input, p["key"])  # [B, S, K, H]
   v = dense(kv_input, p["value"])
   if config.qk_norm:  # QK-norm: RMSNorm of every query / key head over H, before RoPE
-    q = rms_norm(q, p["query_norm"], config.norm_eps, config.norm_scale_plus_one)
-    k = rms_norm(k, p["key_norm"], config.norm_eps, config.norm_scale_plus_one)
+
+    def qk(x, p_norm):  # over each head's H features, or all N*H of the projection
+      flat = x.reshape(*x.shape[:2], -1) if config.qk_norm_over == "projection" else x
+      return rms_norm(flat, p_norm, config.norm_eps, config.norm_scale_plus_one).reshape(x.shape)
+
+    q, k = qk(q, p["query_norm"]), qk(k, p["key_norm"])
   bias = None
   pos = None if is_cross else config.position
   relative = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]: key - query
@@ -317,14 +321,20 @@ def block(
   encoded: np.ndarray | None = None,
   cross_mask: np.ndarray | None = None,
 ) -> np.ndarray:
-  """Pre-LN: x + f(norm(x)); post-LN (Vaswani et al.): norm(x + f(x)); dropout off."""
+  """Pre-LN: x + f(norm(x)); post-LN (Vaswani et al.): norm(x + f(x)); dropout off.
+  Layer scale (Touvron et al. 2021, CaiT): each branch's output times its vector [D]."""
+
+  def scaled(y, name):  # 'ffn_norm' -> the branch's layer scale 'ffn_scale'
+    return y if config.layer_scale_init is None else y * p[name.replace("_norm", "_scale")]
 
   def sublayer(x, name, f):
     if config.norm_position == "pre":
-      return x + f(norm(x, p[name], config))
+      return x + scaled(f(norm(x, p[name], config)), name)
     if config.norm_position == "sandwich":  # Gemma 2 / 3: a norm before and after f
-      return x + norm(f(norm(x, p[name], config)), p[f"{name}_post"], config)
-    return norm(x + f(x), p[name], config)
+      return x + scaled(norm(f(norm(x, p[name], config)), p[f"{name}_post"], config), name)
+    if config.norm_position == "sublayer_post":  # OLMo 2: a norm on f's output
+      return x + scaled(norm(f(x), p[name], config), name)
+    return norm(x + scaled(f(x), name), p[name], config)
 
   def self_attn(h):
     return multi_head_attention(
@@ -332,8 +342,9 @@ def block(
     )
 
   if config.parallel_residual:  # GPT-NeoX: both sublayers read the block's input
-    attended = self_attn(norm(x, p["self_attention_norm"], config))
-    return x + attended + feed_forward(norm(x, p["ffn_norm"], config), p["ffn"], config.activation)
+    attended = scaled(self_attn(norm(x, p["self_attention_norm"], config)), "self_attention_norm")
+    fed = feed_forward(norm(x, p["ffn_norm"], config), p["ffn"], config.activation)
+    return x + attended + scaled(fed, "ffn_norm")
   x = sublayer(x, "self_attention_norm", self_attn)
   if encoded is not None:
     src_pos = np.broadcast_to(np.arange(encoded.shape[1]), encoded.shape[:2])
@@ -372,14 +383,16 @@ def stack(
   rel_table = p.get("rel_embedding")
   pattern = config.local_global_pattern
   for i in range(num_layers):
-    layer_config, layer_mask = config, mask
+    changes, layer_mask = {}, mask
+    if config.attention_scale_by_layer:  # GPT-2: layer i's scores / (i + 1)
+      base = config.attention_scale or 1 / math.sqrt(config.head_dim)
+      changes |= dict(attention_scale=base / (i + 1), attention_scale_by_layer=False)
     if pattern and pattern[i % len(pattern)] == "G":  # global: no window
       layer_mask = global_mask
-      layer_config = config.replace(
-        sliding_window=None, local_global_pattern="", rope_local_theta=None
-      )
+      changes |= dict(sliding_window=None, local_global_pattern="", rope_local_theta=None)
     elif pattern and config.rope_local_theta is not None:  # local: its own RoPE base
-      layer_config = config.replace(rope_theta=config.rope_local_theta, rope_local_theta=None)
+      changes |= dict(rope_theta=config.rope_local_theta, rope_local_theta=None)
+    layer_config = config.replace(**changes)
     x = block(
       p[f"layer_{i}"],
       x,
@@ -510,7 +523,11 @@ def encoder_decoder(p: Params, inputs, targets, config) -> np.ndarray:
 
 
 def vision_transformer(p: Params, images: np.ndarray, config) -> np.ndarray:
-  """Dosovitskiy et al. eq. 1-4: linear patch projection, [CLS], positions, stack, head."""
+  """Dosovitskiy et al. eq. 1-4: linear patch projection, [CLS], positions, stack, head.
+
+  DeiT (Touvron et al. 2021): a distillation token after [CLS], its own head, the logits
+  the mean of both heads'. DINOv2 (Oquab et al. 2023): the head reads [CLS] concatenated
+  with the mean of the patch tokens (pooling 'cls_mean')."""
   b, size, _, ch = images.shape
   ps, g = config.patch_size, size // config.patch_size
   patches = images.reshape(b, g, ps, g, ps, ch).transpose(0, 1, 3, 2, 4, 5)  # [B, G, G, P, P, C]
@@ -519,14 +536,26 @@ def vision_transformer(p: Params, images: np.ndarray, config) -> np.ndarray:
   x = patches @ w + p["patch_embed"]["bias"]  # [B, G*G, D]
   if config.position == "sinusoidal":
     x = x + sincos_2d(g, config.d_model)
-  if config.pooling == "cls":
-    cls = np.broadcast_to(p["cls"].reshape(1, 1, -1), (b, 1, config.d_model))
-    x = np.concatenate([cls, x], axis=1)
+  first = []  # the learned tokens before the patches
+  if config.pooling in ("cls", "cls_mean"):
+    first.append(p["cls"].reshape(1, 1, -1))
+  if config.vit_distillation_token:
+    first.append(p["distillation_token"].reshape(1, 1, -1))
+  if first:
+    x = np.concatenate([np.broadcast_to(t, (b, 1, config.d_model)) for t in first] + [x], axis=1)
   if config.position == "learned":
     x = x + p["pos_embedding"]
   positions = _positions(x[..., 0])
   idx = np.arange(x.shape[1])
   mask = reference_mask(idx, idx, False, config.sliding_window)  # all True without a window
   x = stack(p["encoder"], x, config, config.num_layers, mask, positions, False)
-  pooled = x[:, 0] if config.pooling == "cls" else x.mean(1)
-  return dense(pooled, p["head"])
+  if config.pooling == "cls":
+    pooled = x[:, 0]
+  elif config.pooling == "cls_mean":
+    pooled = np.concatenate([x[:, 0], x[:, len(first) :].mean(1)], axis=-1)
+  else:
+    pooled = x.mean(1)
+  logits = dense(pooled, p["head"])
+  if config.vit_distillation_token:
+    logits = (logits + dense(x[:, 1], p["distillation_head"])) / 2
+  return logits

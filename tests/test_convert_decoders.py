@@ -1,5 +1,6 @@
-"""GPT-NeoX / Pythia (parallel residual, partial rotary, head-major fused q|k|v) and Phi-3
-(fused qkv and gate-up projections, partial rotary, a window) against `transformers`.
+"""GPT-NeoX / Pythia (parallel residual, partial rotary, head-major fused q|k|v), Phi-3
+(fused qkv and gate-up projections, partial rotary, a window) and GPT-2 with its
+per-layer score scaling (`scale_attn_by_inverse_layer_idx`) against `transformers`.
 
 The tiny models follow tests/test_convert_hf.py and pass the same checks: logits on padded
 inputs in fp32 and bf16, export that `from_pretrained` loads to the same logits,
@@ -43,7 +44,21 @@ def _phi3():
   )  # fmt: skip
 
 
-BUILDERS = {"GPTNeoXForCausalLM": _pythia, "Phi3ForCausalLM": _phi3}
+def _gpt2_inverse_layer():
+  """GPT-2 with layer i's scores divided by i + 1 (3 layers, so the factors 1, 2, 3)."""
+  return transformers.GPT2LMHeadModel(
+    transformers.GPT2Config(
+      vocab_size=V, n_embd=parity.WIDTH, n_layer=3, n_head=parity.HEADS, n_positions=MAX_LEN,
+      scale_attn_by_inverse_layer_idx=True, bos_token_id=None, eos_token_id=None, **parity.INIT,
+    )
+  )  # fmt: skip
+
+
+BUILDERS = {
+  "GPTNeoXForCausalLM": _pythia,
+  "Phi3ForCausalLM": _phi3,
+  "GPT2LMHeadModel": _gpt2_inverse_layer,
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +85,17 @@ def test_configs_carry_the_options(checkpoints):
   assert (neox.norm, neox.activation, neox.use_bias) == ("layernorm", "gelu", True)
   phi3 = convert.load(checkpoints["Phi3ForCausalLM"][1])[0]
   assert (phi3.rope_fraction, phi3.rope_dim, phi3.sliding_window, phi3.kv_heads) == (0.75, 6, 4, 2)
+
+
+def test_gpt2_inverse_layer_scaling_is_read_and_matters(checkpoints):
+  arch = "GPT2LMHeadModel"
+  config, params = convert.load(checkpoints[arch][1])
+  assert config.attention_scale_by_layer and config.attention_scale is None
+  assert config.layer_config(2).attention_scale == config.head_dim**-0.5 / 3
+  x = parity._inputs(arch)
+  ours = parity._our_logits(arch, config, params, x)
+  other = parity._our_logits(arch, config.replace(attention_scale_by_layer=False), params, x)
+  assert np.abs(ours - other).max() > 1e-2
 
 
 def test_sequential_gpt_neox_and_the_options_matter(checkpoints, tmp_path):

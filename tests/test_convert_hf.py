@@ -9,6 +9,7 @@ inputs, the same greedy continuations, and export back to directories that
 
 from __future__ import annotations
 
+import copy
 import json
 
 import jax
@@ -31,6 +32,7 @@ INIT = {"initializer_range": 0.1}  # logits of order 1, so the tolerances mean s
 B, T = 3, 10  # batch, length of the logits inputs
 CAUSAL = ("GPT2LMHeadModel", "LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 ENCODERS = ("Bert", "Roberta")  # name prefixes of the token-type encoders
+VISION = ("ViT", "DeiT", "Dinov2")  # name prefixes of the image classifiers
 
 
 def _gpt2():
@@ -126,7 +128,7 @@ def saved(build, seed: int, path):
 def _inputs(arch: str) -> dict[str, np.ndarray]:
   """Padded inputs: tokens (PAD = 0; RoBERTa's 1), mask, positions, token types; or images."""
   rng = np.random.default_rng(0)
-  if arch.startswith("ViT"):
+  if arch.startswith(VISION):
     return {"images": rng.normal(size=(B, 16, 16, 3)).astype(np.float32)}
   mask = np.ones((B, T), np.int32)
   mask[1, :3] = 0 if arch in CAUSAL else 1  # left padding
@@ -145,19 +147,25 @@ def _hf_logits(arch: str, model, x: dict[str, np.ndarray]) -> np.ndarray:
     for k, v in x.items()
   }
   with torch.no_grad():
-    if arch.startswith("ViT"):
+    if arch.startswith(VISION):
       return model(pixel_values=t["images"].permute(0, 3, 1, 2)).logits.numpy()
     kwargs = {"input_ids": t["tokens"], "attention_mask": t["mask"]}
     if arch.startswith(ENCODERS):  # RoBERTa's positions: HF's own, from the PAD tokens
       kwargs["token_type_ids"] = t["types"]
     else:
       kwargs["position_ids"] = t["positions"]
-    return model(**kwargs).logits.numpy()
+    return model(**kwargs).logits.float().numpy()
+
+
+def _hf_bf16_logits(arch: str, model, x: dict[str, np.ndarray]) -> np.ndarray:
+  """The logits of a bfloat16 copy of HF's `model` (token inputs), as float32."""
+  bf16 = copy.deepcopy(model).to(torch.bfloat16)
+  return _hf_logits(arch, bf16, x).astype(np.float32)
 
 
 def _our_logits(arch: str, config: ModelConfig, params, x: dict[str, np.ndarray]) -> np.ndarray:
   model = build_model(config)
-  if arch.startswith("ViT"):
+  if arch.startswith(VISION):
     return np.asarray(model.apply(params, x["images"]))
   if arch.startswith(ENCODERS):  # RoBERTa numbers the real tokens, BERT every slot
     positions = x["positions"] if arch.startswith("Roberta") else None
@@ -185,8 +193,13 @@ def check_parity_and_round_trip(arch: str, model, path, out) -> None:
   assert bf16_config.dtype == "bfloat16"
   # bf16 keeps 8 significant bits: on these logits (largest about 2) Hugging Face's own bf16
   # model is 0.018-0.026 off its fp32 logits, so 2e-2 is relative to the largest logit.
+  # Where HF's own bf16 model is further off (OLMo 2's norms after the sublayers: 0.053),
+  # ours may be as far as 1.25 times that.
   bf16 = _real(arch, _our_logits(arch, bf16_config, bf16_params, x), x)
-  np.testing.assert_allclose(bf16, want, atol=2e-2 * max(1.0, np.abs(want).max()), rtol=0)
+  atol = 2e-2 * max(1.0, np.abs(want).max())
+  if np.abs(bf16 - want).max() > atol:
+    atol = max(atol, 1.25 * np.abs(_real(arch, _hf_bf16_logits(arch, model, x), x) - want).max())
+  np.testing.assert_allclose(bf16, want, atol=atol, rtol=0)
 
   convert.save(out, config, params, arch)
   reloaded = getattr(transformers, arch).from_pretrained(out).eval()

@@ -1,5 +1,5 @@
-"""Gemma 1 / 2 / 3, Qwen3 (QK-norm, head_dim apart from D / N), Qwen3-MoE and Mixtral against
-`transformers`.
+"""OLMo 2, Gemma 1 / 2 / 3, Qwen3 (QK-norm, head_dim apart from D / N), Qwen3-MoE and Mixtral
+against `transformers`.
 
 The tiny models follow tests/test_convert_hf.py (width 32, 2 layers, vocabulary 100,
 perturbed norms and biases) and pass the same checks: logits on padded inputs in fp32 and
@@ -70,7 +70,7 @@ def _gemma2():
     transformers.Gemma2Config(
       vocab_size=V, intermediate_size=FFN, num_key_value_heads=2, head_dim=16,
       max_position_embeddings=MAX_LEN, sliding_window=3, query_pre_attn_scalar=12,
-      attn_logit_softcapping=2.0, final_logit_softcapping=1.5, **SHARED,
+      attn_logit_softcapping=2.0, final_logit_softcapping=4.0, **SHARED,
     )
   )  # fmt: skip
 
@@ -93,6 +93,16 @@ def _gemma3():
   )  # fmt: skip
 
 
+def _olmo2():
+  """OLMo 2: norms after the sublayers, QK-norm over whole projections, GQA."""
+  return transformers.Olmo2ForCausalLM(
+    transformers.Olmo2Config(
+      vocab_size=V, intermediate_size=FFN, num_key_value_heads=2,
+      max_position_embeddings=MAX_LEN, **SHARED,
+    )
+  )  # fmt: skip
+
+
 BUILDERS = {
   "GemmaForCausalLM": _gemma,
   "Gemma2ForCausalLM": _gemma2,
@@ -100,6 +110,7 @@ BUILDERS = {
   "Qwen3ForCausalLM": _qwen3,
   "Qwen3MoeForCausalLM": _qwen3_moe,
   "MixtralForCausalLM": _mixtral,
+  "Olmo2ForCausalLM": _olmo2,
 }
 
 
@@ -134,7 +145,13 @@ def test_configs_carry_the_options(checkpoints):
   assert (gemma.activation, gemma.head_dim, gemma.kv_heads) == ("geglu_tanh", 16, 1)
   g2 = convert.load(checkpoints["Gemma2ForCausalLM"][1])[0]
   assert (g2.norm_position, g2.local_global_pattern, g2.sliding_window) == ("sandwich", "LG", 3)
-  assert (g2.attention_softcap, g2.logits_softcap, g2.attention_scale) == (2.0, 1.5, 12**-0.5)
+  assert (g2.attention_softcap, g2.logits_softcap, g2.attention_scale) == (2.0, 4.0, 12**-0.5)
+  olmo2 = convert.load(checkpoints["Olmo2ForCausalLM"][1])[0]
+  assert (olmo2.norm_position, olmo2.qk_norm, olmo2.qk_norm_over) == (
+    "sublayer_post",
+    True,
+    "projection",
+  )
   g3 = convert.load(checkpoints["Gemma3ForCausalLM"][1])[0]
   assert (g3.local_global_pattern, g3.rope_local_theta, g3.rope_theta) == ("LLG", 100.0, 1e4)
   assert (g3.rope_scaling, g3.qk_norm, g3.attention_scale) == ("linear", True, None)
@@ -149,6 +166,7 @@ def test_the_gemma_options_matter(checkpoints):
     ("Gemma2ForCausalLM", dict(local_global_pattern="L")),
     ("Gemma3ForCausalLM", dict(rope_local_theta=10_000.0)),
     ("Gemma3ForCausalLM", dict(local_global_pattern="LG")),
+    ("Olmo2ForCausalLM", dict(norm_position="pre")),
   ):
     config, params = convert.load(checkpoints[arch][1])
     x = parity._inputs(arch)
@@ -199,6 +217,9 @@ def test_a_model_with_options_an_architecture_lacks_is_not_exported_as_it(checkp
   qwen3, params = convert.load(checkpoints["Qwen3ForCausalLM"][1])
   with pytest.raises(ValueError, match=r"LlamaForCausalLM cannot express ModelConfig.qk_norm"):
     convert.save(tmp_path / "a", qwen3, params, "LlamaForCausalLM")
+  olmo2, params = convert.load(checkpoints["Olmo2ForCausalLM"][1])
+  with pytest.raises(ValueError, match=r"Qwen3ForCausalLM cannot express .*qk_norm_over"):
+    convert.save(tmp_path / "o", olmo2.replace(norm_position="pre"), params, "Qwen3ForCausalLM")
   gemma, params = convert.load(checkpoints["GemmaForCausalLM"][1])
   with pytest.raises(ValueError, match=r"LlamaForCausalLM cannot express .*norm_scale_plus_one"):
     convert.save(tmp_path / "g", gemma, params, "LlamaForCausalLM")

@@ -22,6 +22,7 @@ import transformers
 from transformer import convert
 from transformer.nn.config import ModelConfig
 from transformer.nn.positions import rope_frequencies
+from transformer.nn.positions.rope import rope_attention_factor
 
 ARCH = "LlamaForCausalLM"
 LLAMA3 = {
@@ -32,6 +33,11 @@ LLAMA3 = {
   "original_max_position_embeddings": 16,
 }
 LINEAR = {"rope_type": "linear", "factor": 2.0}
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}
+YARN_GPT_OSS = {  # gpt-oss's form: an untruncated ramp, other betas, an explicit factor
+  **YARN, "beta_fast": 8.0, "beta_slow": 0.5, "truncate": False, "attention_factor": 1.3,
+}  # fmt: skip
+YARN_DEEPSEEK = {**YARN, "mscale": 1.0, "mscale_all_dim": 0.5}  # its attention factor
 
 
 def _llama(rope: dict, seed: int):
@@ -52,7 +58,11 @@ def _ours(config: ModelConfig, params, x: dict) -> np.ndarray:
   return parity._real(ARCH, parity._our_logits(ARCH, config, params, x), x)
 
 
-@pytest.mark.parametrize("rope", [LLAMA3, LINEAR], ids=["llama3", "linear"])
+@pytest.mark.parametrize(
+  "rope",
+  [LLAMA3, LINEAR, YARN, YARN_GPT_OSS, YARN_DEEPSEEK],
+  ids=["llama3", "linear", "yarn", "yarn-gpt-oss", "yarn-mscale"],
+)
 def test_scaled_rope_matches_hf_and_round_trips(rope, tmp_path):
   model = _llama(rope, seed=11)
   model.save_pretrained(tmp_path / "hf")
@@ -62,6 +72,8 @@ def test_scaled_rope_matches_hf_and_round_trips(rope, tmp_path):
   config, params = convert.load(tmp_path / "hf")
   assert config.rope_scaling == rope["rope_type"]
   assert config.rope_scaling_factor == rope["factor"]
+  if "attention_factor" in rope:
+    assert config.rope_attention_factor == rope["attention_factor"]
   ours = _ours(config, params, x)
   np.testing.assert_allclose(ours, want, atol=1e-4, rtol=0)
   # The scaling shows in these logits: without it the same weights are far off.
@@ -107,13 +119,32 @@ def test_llama3_frequencies_are_hugging_faces_in_every_band():
   np.testing.assert_allclose(got[divided], plain[divided] / 8.0, rtol=1e-15)
 
 
+@pytest.mark.parametrize("rope", [YARN, YARN_GPT_OSS], ids=["yarn", "yarn-gpt-oss"])
+def test_yarn_frequencies_and_attention_factor_are_hugging_faces(rope):
+  """Against `transformers.modeling_rope_utils`' own YaRN, at Qwen-like sizes."""
+  from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+  hf = transformers.LlamaConfig(
+    hidden_size=1024, num_attention_heads=8, max_position_embeddings=32_768,
+    rope_parameters={"rope_theta": 1e6, **rope, "original_max_position_embeddings": 4096},
+  )  # fmt: skip
+  want, want_factor = ROPE_INIT_FUNCTIONS["yarn"](hf, "cpu")
+  fields = convert.llama.rope_fields(hf.to_dict(), "LlamaForCausalLM")
+  config = ModelConfig(position="rope", d_model=1024, num_heads=8, **fields)
+  got = rope_frequencies(128, 1e6, config)
+  np.testing.assert_allclose(got, want.double().numpy(), rtol=1e-6)  # HF's are float32
+  assert rope_attention_factor(config) == pytest.approx(want_factor, rel=1e-12)
+  plain = rope_frequencies(128, 1e6)
+  assert np.any(got == plain) and np.any(np.isclose(got, plain / 4.0, rtol=1e-12))
+
+
 def test_unknown_rope_type_and_missing_parameter_are_one_line(tmp_path):
   model = _llama(LINEAR, seed=12)
   model.save_pretrained(tmp_path / "hf")
   path = tmp_path / "hf" / "config.json"
   text = path.read_text()
-  path.write_text(text.replace('"linear"', '"yarn"'))
-  with pytest.raises(ValueError, match=r"rope_type='yarn'.*supported.*'llama3'") as e:
+  path.write_text(text.replace('"linear"', '"dynamic"'))
+  with pytest.raises(ValueError, match=r"rope_type='dynamic'.*supported.*'yarn'") as e:
     convert.load(tmp_path / "hf")
   assert "\n" not in str(e.value)
   path.write_text(text.replace('"linear"', '"llama3"'))

@@ -88,6 +88,18 @@ DECODER_CASES = {
     rope_local_theta=100.0,
     num_layers=3,
   ),
+  # OLMo 2: a norm on each sublayer's output (none before), QK-norm over whole projections.
+  "olmo2-sublayer-post-qk-projection": dict(
+    position="rope",
+    norm="rmsnorm",
+    norm_position="sublayer_post",
+    qk_norm=True,
+    qk_norm_over="projection",
+    num_kv_heads=2,
+    activation="swiglu",
+  ),
+  # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores also / (i + 1), 3 layers.
+  "gpt2-inverse-layer-scale": dict(attention_scale_by_layer=True, num_layers=3),
   # GPT-NeoX / Pythia: parallel attention and feed-forward, RoPE on a quarter of each head.
   "neox-parallel-partial-rope": dict(
     position="rope", parallel_residual=True, rope_fraction=0.25, attention_head_dim=16
@@ -175,8 +187,22 @@ def test_encoder_decoder_matches_reference(tiny_config, random_params, jit_apply
   [
     dict(position="learned"),
     dict(position="sinusoidal", pooling="mean", norm_position="post", norm="rmsnorm"),
+    # DeiT: a distillation token and its head; CaiT-style layer scale, post-LN too.
+    dict(vit_distillation_token=True, layer_scale_init=0.1, norm_position="post"),
+    # DINOv2: [CLS] + mean of the patches, layer scale, SwiGLU; a sandwich to scale after.
+    dict(pooling="cls_mean", layer_scale_init=1.0, activation="swiglu", norm_position="sandwich"),
+    # Layer scale on both branches of a parallel block, and after a sublayer-post norm.
+    dict(pooling="cls_mean", layer_scale_init=0.5, parallel_residual=True),
+    dict(vit_distillation_token=True, layer_scale_init=0.5, norm_position="sublayer_post"),
   ],
-  ids=["cls-learned", "mean-sincos-post"],
+  ids=[
+    "cls-learned",
+    "mean-sincos-post",
+    "deit-distilled-scaled-post",
+    "dinov2-cls-mean-swiglu-sandwich",
+    "parallel-scaled",
+    "distilled-sublayer-post",
+  ],
 )
 def test_vision_transformer_matches_reference(tiny_config, random_params, jit_apply, overrides):
   c = tiny_config("vit", **overrides)

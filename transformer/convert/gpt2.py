@@ -31,8 +31,7 @@ PREFIX = "transformer."
 def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   a = ARCHITECTURE
   require(hf, a, "add_cross_attention", (False,))
-  require(hf, a, "scale_attn_weights", (True,))
-  require(hf, a, "scale_attn_by_inverse_layer_idx", (False,))
+  scaled = require(hf, a, "scale_attn_weights", (True, False))
   d = hf["n_embd"]
   return {
     "family": "decoder",
@@ -54,6 +53,8 @@ def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
     "dropout_rate": hf.get("resid_pdrop", 0.1),
     "attention_dropout_rate": hf.get("attn_pdrop", 0.1),
     **PLAIN,
+    "attention_scale": None if scaled else 1.0,  # H**-0.5, or unscaled scores
+    "attention_scale_by_layer": bool(hf.get("scale_attn_by_inverse_layer_idx", False)),
   }
 
 
@@ -72,6 +73,8 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
     "resid_pdrop": c.dropout_rate,
     "embd_pdrop": c.dropout_rate,
     "attn_pdrop": c.attention_dropout_rate,
+    "scale_attn_weights": c.attention_scale is None,
+    "scale_attn_by_inverse_layer_idx": c.attention_scale_by_layer,
   }
 
 

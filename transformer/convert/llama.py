@@ -16,6 +16,7 @@ none (per-layer windows, `max_window_layers` inside the stack, are refused).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,14 +40,27 @@ PREFIX = "model."
 
 
 # Hugging Face's `rope_type` -> ours, and its parameters -> our fields (Llama 3.1+: llama3).
-ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3"}
+ROPE_TYPES = {"default": "none", "linear": "linear", "llama3": "llama3", "yarn": "yarn"}
 ROPE_FIELDS = {
   "factor": "rope_scaling_factor",
   "low_freq_factor": "rope_low_freq_factor",
   "high_freq_factor": "rope_high_freq_factor",
   "original_max_position_embeddings": "rope_original_max_len",
 }
-ROPE_USED = {"none": (), "linear": ("factor",), "llama3": tuple(ROPE_FIELDS)}
+LLAMA3 = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+ROPE_USED = {
+  "none": (),
+  "linear": ("factor",),
+  "llama3": LLAMA3,
+  "yarn": ("factor", "original_max_position_embeddings"),
+}
+# yarn's optional parameters (HF's defaults when absent) -> our fields
+YARN_OPTIONAL = {
+  "beta_fast": ("rope_beta_fast", 32.0),
+  "beta_slow": ("rope_beta_slow", 1.0),
+  "truncate": ("rope_truncate", True),
+  "attention_factor": ("rope_attention_factor", None),
+}
 
 
 def rope_fields(hf: Mapping[str, Any], a: str, partial: bool = False) -> dict[str, Any]:
@@ -65,11 +79,27 @@ def rope_fields(hf: Mapping[str, Any], a: str, partial: bool = False) -> dict[st
     if key not in rope:
       raise ValueError(f"{a}: rope_type={rope_type!r} needs rope_parameters[{key!r}]")
     fields[ROPE_FIELDS[key]] = rope[key]
+  if scaling == "yarn":
+    fields |= _yarn_fields(rope)
   fraction = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor"))
   fraction = hf.get("rotary_pct", 1.0) if fraction is None else fraction
   if fraction != 1.0 and not partial:
     unsupported(a, "partial_rotary_factor", fraction, (1.0,))
   return fields | {"rope_fraction": float(fraction)}
+
+
+def _yarn_fields(rope: Mapping[str, Any]) -> dict[str, Any]:
+  fields = {ours: rope.get(key) or default for key, (ours, default) in YARN_OPTIONAL.items()}
+  fields["rope_truncate"] = rope.get("truncate", True)
+  mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+  if fields["rope_attention_factor"] is None and mscale and mscale_all_dim:  # DeepSeek's form
+    factor = rope["factor"]
+
+    def get(m: float) -> float:
+      return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    fields["rope_attention_factor"] = float(get(mscale) / get(mscale_all_dim))
+  return fields
 
 
 def rope_to_hf(c: ModelConfig) -> dict[str, Any]:
@@ -78,6 +108,8 @@ def rope_to_hf(c: ModelConfig) -> dict[str, Any]:
   out = {"rope_type": rope_type, "rope_theta": c.rope_theta}
   if c.rope_fraction != 1.0:
     out["partial_rotary_factor"] = c.rope_fraction
+  if c.rope_scaling == "yarn":
+    out |= {key: getattr(c, ours) for key, (ours, _) in YARN_OPTIONAL.items()}
   return out | {key: getattr(c, ROPE_FIELDS[key]) for key in ROPE_USED[c.rope_scaling]}
 
 
@@ -223,8 +255,13 @@ def decoder_rules(c: ModelConfig, feed_forward, projections=None) -> list[Rule]:
 
 
 def _norm_names(c: ModelConfig) -> tuple[tuple[str, str], ...]:
-  """(our norm, Hugging Face's) of a layer: pre-LN, or sandwich (Gemma 2 / 3: a norm
-  before and after each sublayer)."""
+  """(our norm, Hugging Face's) of a layer: pre-LN, sandwich (Gemma 2 / 3: a norm before
+  and after each sublayer), or sublayer-post (OLMo 2: a norm after each sublayer)."""
+  if c.norm_position == "sublayer_post":
+    return (
+      ("self_attention_norm", "post_attention_layernorm"),
+      ("ffn_norm", "post_feedforward_layernorm"),
+    )
   if c.norm_position == "sandwich":
     return (
       ("self_attention_norm", "input_layernorm"),

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from transformer.convert import (
   bert,
+  deit,
+  dinov2,
   gemma,
   gpt2,
   gpt_neox,
   llama,
   mixtral,
+  olmo2,
   phi3,
   qwen3,
   roberta,
@@ -20,7 +23,22 @@ from transformer.convert import (
 )
 from transformer.convert.base import Converter
 
-MODULES = (gpt2, bert, roberta, vit, llama, qwen3, mixtral, gemma, phi3, gpt_neox, t5)
+MODULES = (
+  gpt2,
+  bert,
+  roberta,
+  vit,
+  deit,
+  dinov2,
+  llama,
+  qwen3,
+  mixtral,
+  olmo2,
+  gemma,
+  phi3,
+  gpt_neox,
+  t5,
+)
 
 ARCHITECTURES: dict[str, Converter] = {
   name: converter for module in MODULES for name, converter in module.CONVERTERS.items()

@@ -26,13 +26,17 @@ from transformer.nn.partitioning import constrain
 from transformer.nn.positions import position_for
 
 
-def _qk_norm(c: ModelConfig, name: str) -> nn.Module:
+def _qk_norm(c: ModelConfig, name: str):
   """RMSNorm over the head dim H with a learned scale [H] shared by the heads (Qwen3,
-  Gemma 3; ViT-22B uses LayerNorm there, OLMo 2 normalises all N*H features at once)."""
-  return rms_norm(c, name)
+  Gemma 3; ViT-22B uses LayerNorm there); with `qk_norm_over='projection'` over all N*H
+  features of the projection, scale [N*H] (OLMo 2). [..., N, H] -> [..., N, H]."""
+  norm = rms_norm(c, name)
+  if c.qk_norm_over == "head":
+    return norm
+  return lambda x: norm(x.reshape(*x.shape[:-2], -1)).reshape(x.shape)
 
 
-def _normed(project: nn.Module, norm: nn.Module, inputs: jax.Array) -> jax.Array:
+def _normed(project: nn.Module, norm, inputs: jax.Array) -> jax.Array:
   return norm(project(inputs))  # [B, S, K, H]
 
 

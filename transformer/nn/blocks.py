@@ -28,22 +28,44 @@ REMAT_POLICIES = {
 }
 
 
-def residual(config: ModelConfig, x: jax.Array, sublayer, norm_name: str, deterministic: bool):
+def layer_scaled(y: jax.Array, scale: jax.Array | None) -> jax.Array:
+  """A residual branch y [B, T, D] times its layer scale [D] (CaiT, DINOv2), or y if None."""
+  return y if scale is None else y * scale.astype(y.dtype)[None, None]  # [B, T, D]
+
+
+def residual(
+  config: ModelConfig,
+  x: jax.Array,
+  sublayer,
+  norm_name: str,
+  deterministic: bool,
+  scale: jax.Array | None = None,
+):
   """Pre-LN: x + drop(f(norm(x))). Post-LN (Vaswani et al.): norm(x + drop(f(x))).
-  Sandwich (Gemma 2 / 3): x + drop(norm2(f(norm1(x)))), norm2 named `norm_name`_post."""
-  drop = make_dropout(config)
+  Sandwich (Gemma 2 / 3): x + drop(norm2(f(norm1(x)))), norm2 named `norm_name`_post.
+  Sublayer-post (OLMo 2): x + drop(norm(f(x))).
+  `scale`: the branch's layer scale [D] (`layer_scale_init`), applied to f's output (after
+  norm2 / norm) before dropout and the add; None = none."""
+
+  def branch(y):  # [B, T, D]
+    return make_dropout(config)(layer_scaled(y, scale), deterministic=deterministic)
+
   if config.norm_position == "pre":
-    return x + drop(sublayer(make_norm(config, norm_name)(x)), deterministic=deterministic)
+    return x + branch(sublayer(make_norm(config, norm_name)(x)))
   if config.norm_position == "sandwich":
     y = make_norm(config, f"{norm_name}_post")(sublayer(make_norm(config, norm_name)(x)))
-    return x + drop(y, deterministic=deterministic)
-  return make_norm(config, norm_name)(x + drop(sublayer(x), deterministic=deterministic))
+    return x + branch(y)
+  if config.norm_position == "sublayer_post":
+    return x + branch(make_norm(config, norm_name)(sublayer(x)))
+  return make_norm(config, norm_name)(x + branch(sublayer(x)))
 
 
 class Block(nn.Module):
   """Self-attention, optional cross-attention, feed-forward; each a residual sublayer.
 
   `moe`: the feed-forward is a mixture of experts (`moe.MoEFeedForward`, named 'moe').
+  With `layer_scale_init` set, each branch is multiplied by a learned [D] vector before the
+  add ('self_attention_scale', 'cross_attention_scale', 'ffn_scale'; CaiT, DINOv2).
   """
 
   config: ModelConfig
@@ -71,22 +93,30 @@ class Block(nn.Module):
       attn = MultiHeadAttention(c, name="self_attention")
       return attn(h, None, info, position_table, deterministic, decode)
 
+    def layer_scale(name: str) -> jax.Array | None:  # [D] per residual branch, or None
+      if c.layer_scale_init is None:
+        return None
+      return self.param(name, nn.initializers.constant(c.layer_scale_init), (c.d_model,))
+
     if c.parallel_residual:  # both sublayers read x: x + attn(norm1(x)) + ffn(norm2(x))
       drop = make_dropout(c)
-      attended = drop(self_attention(make_norm(c, "self_attention_norm")(x)), deterministic)
-      fed = drop(
-        self._feed_forward(info, deterministic)(make_norm(c, "ffn_norm")(x)), deterministic
-      )
+      attended = self_attention(make_norm(c, "self_attention_norm")(x))
+      attended = drop(layer_scaled(attended, layer_scale("self_attention_scale")), deterministic)
+      fed = self._feed_forward(info, deterministic)(make_norm(c, "ffn_norm")(x))
+      fed = drop(layer_scaled(fed, layer_scale("ffn_scale")), deterministic)
       return constrain(x + attended + fed, ("batch", "length", "embed"))  # [B, T, D]
-    x = residual(c, x, self_attention, "self_attention_norm", deterministic)
+    scale = layer_scale("self_attention_scale")
+    x = residual(c, x, self_attention, "self_attention_norm", deterministic, scale)
     if self.cross_attention:
 
       def cross_attention(h):
         attn = MultiHeadAttention(c, is_cross=True, name="cross_attention")
         return attn(h, encoded, cross_info, None, deterministic, decode)
 
-      x = residual(c, x, cross_attention, "cross_attention_norm", deterministic)
-    x = residual(c, x, self._feed_forward(info, deterministic), "ffn_norm", deterministic)
+      scale = layer_scale("cross_attention_scale")
+      x = residual(c, x, cross_attention, "cross_attention_norm", deterministic, scale)
+    feed_forward = self._feed_forward(info, deterministic)
+    x = residual(c, x, feed_forward, "ffn_norm", deterministic, layer_scale("ffn_scale"))
     return constrain(x, ("batch", "length", "embed"))  # [B, T, D]
 
   def _feed_forward(self, info: MaskInfo, deterministic: bool):
@@ -155,7 +185,7 @@ class Stack(nn.Module):
           layer_args = (info.replace(window=None), *args[1:])
         layer = block(c.layer_config(i), self.cross_attention, c.is_moe_layer(i), name=f"layer_{i}")
         x = layer(x, *layer_args)
-    if c.norm_position != "post":  # pre-LN and sandwich end in a final norm
+    if c.norm_position != "post":  # all but post-LN end in a final norm
       x = make_norm(c, "final_norm")(x)
     return x
 

@@ -17,13 +17,14 @@ import re
 from typing import Any, NoReturn
 
 NORMS = ("layernorm", "rmsnorm")
-NORM_POSITIONS = ("pre", "post", "sandwich")
+NORM_POSITIONS = ("pre", "post", "sandwich", "sublayer_post")
+QK_NORM_OVER = ("head", "projection")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 ATTENTION_IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
 SPLASH_LANES = 128  # splash block sizes are multiples of the TPU lane count
 DTYPES = ("float32", "bfloat16", "float16")
-POOLINGS = ("cls", "mean")
+POOLINGS = ("cls", "mean", "cls_mean")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 # ModelConfig fields that change how a model computes, not what it is: a run may resume or
@@ -64,17 +65,22 @@ class ModelConfig:
   rope_fraction: float = 1.0  # RoPE on the first int(H * this) features of each head, the
   # rest unrotated (GPT-NeoX / Pythia `rotary_pct` 0.25, Phi-4-mini 0.75)
   # RoPE frequencies stretched for a longer context than pretraining's (`positions/rope.py`):
-  rope_scaling: str = "none"  # none | linear (positions / factor) | llama3 (Llama 3.1+)
-  rope_scaling_factor: float = 1.0  # linear, llama3: how many times longer the context is
+  rope_scaling: str = "none"  # none | linear (positions / factor) | llama3 (Llama 3.1+) | yarn
+  rope_scaling_factor: float = 1.0  # linear, llama3, yarn: how many times longer the context is
   rope_low_freq_factor: float = 1.0  # llama3: wavelengths over L / this are divided by factor
   rope_high_freq_factor: float = 4.0  # llama3: wavelengths under L / this are kept
-  rope_original_max_len: int = 8192  # llama3: L, the pretraining context
+  rope_original_max_len: int = 8192  # llama3, yarn: L, the pretraining context
+  rope_beta_fast: float = 32.0  # yarn: dims turning more than this often in L are kept
+  rope_beta_slow: float = 1.0  # yarn: dims turning less than this often in L are interpolated
+  rope_truncate: bool = True  # yarn: the ramp's ends rounded to whole dims (gpt-oss: False)
+  rope_attention_factor: float | None = None  # yarn: q, k scaled by it; None = 0.1 ln(s) + 1
   relative_num_buckets: int = 32  # T5 relative-position buckets
   relative_max_distance: int = 128  # T5: distances beyond this share the last bucket
   shaw_max_distance: int = 16  # Shaw et al.: relative distances clipped to [-k, k]
   norm: str = "layernorm"  # layernorm | rmsnorm
   norm_position: str = "pre"  # pre (pre-LN, final norm) | post (post-LN, Vaswani et al.) |
-  # sandwich (x + norm2(f(norm1(x))), final norm: Gemma 2 / 3)
+  # sandwich (x + norm2(f(norm1(x))), final norm: Gemma 2 / 3) | sublayer_post (x + norm(f(x)),
+  # final norm: OLMo 2, Swin v2's res-post-norm)
   norm_eps: float = 1e-5  # epsilon inside the norm
   parallel_residual: bool = False  # pre-LN x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX, GPT-J)
   norm_scale_plus_one: bool = False  # RMSNorm multiplies by (1 + scale), scale init 0 (Gemma)
@@ -82,6 +88,7 @@ class ModelConfig:
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2: True); None = use_bias
   qk_norm: bool = False  # RMSNorm of each query / key head over H (scale [H]), before RoPE
+  qk_norm_over: str = "head"  # head (over H, Qwen3) | projection (over all N*H, OLMo 2)
   dropout_rate: float = 0.0  # dropout on embeddings and residual branches
   attention_dropout_rate: float = 0.0  # dropout on attention weights
   tie_embeddings: bool = True  # logits through the input embedding (`Embed.attend`)
@@ -92,12 +99,19 @@ class ModelConfig:
   image_size: int = 224  # ViT input height = width in pixels
   patch_size: int = 16  # ViT square patch side in pixels
   num_channels: int = 3  # ViT input channels
-  pooling: str = "cls"  # ViT / classifier pooling: cls token or mean over positions
+  pooling: str = "cls"  # ViT / classifier pooling: cls token, mean over positions, or
+  # cls_mean (ViT only: concat([CLS], mean of the patch tokens), DINOv2's head)
+  vit_distillation_token: bool = False  # DeiT: a second learned token after [CLS] with its
+  # own head; the logits are the mean of the two heads' (Touvron et al. 2021)
+  layer_scale_init: float | None = None  # each residual branch times a learned [D] vector
+  # initialised to this, before the add (CaiT, DINOv2 `layerscale_value`); None = off
   attention_impl: str = "auto"  # auto (backend's best) | xla | jax | chunked | cudnn | splash
   attention_chunk_size: int = 512  # query/key block size of the chunked implementation
   splash_block_q: int = 512  # splash attention query block (TPU; a multiple of 128)
   splash_block_kv: int = 512  # splash attention key/value block (TPU; a multiple of 128)
   attention_scale: float | None = None  # score multiplier; None = H**-0.5 (T5: 1.0, unscaled)
+  attention_scale_by_layer: bool = False  # layer i's scores also / (i + 1) (GPT-2's
+  # scale_attn_by_inverse_layer_idx)
   sliding_window: int | None = None  # local attention: a query sees keys within this distance
   local_global_pattern: str = ""  # per layer, cyclically: L = local (sliding_window), G =
   # global (full) attention; "" = every layer local if sliding_window is set (Gemma 2: "LG")
@@ -122,7 +136,7 @@ class ModelConfig:
   lora_rank: int = 0  # adapter rank r; 0 = no adapters
   lora_alpha: float = 16.0  # the adapter's output is scaled by alpha / r
   lora_targets: tuple[str, ...] = ("query", "value")  # regexes on projection paths (re.search)
-  lora_trainable: tuple[str, ...] = ("^(pooler|classifier|head)/",)  # parameter-path regexes
+  lora_trainable: tuple[str, ...] = ("^(pooler|classifier|head|distillation_head)/",)  # regexes
   # trained fully beside the adapters (new heads); every other base weight is frozen
 
   def __post_init__(self):
@@ -177,15 +191,20 @@ class ModelConfig:
 
   def layer_config(self, index: int) -> ModelConfig:
     """The config layer `index` computes with: a global layer has no window, a local one
-    the local RoPE base (unscaled) when `rope_local_theta` is set."""
-    if not self.local_global_pattern:
-      return self
-    if self.is_global_layer(index):
-      return self.replace(sliding_window=None, local_global_pattern="", rope_local_theta=None)
-    if self.rope_local_theta is None:
-      return self.replace(local_global_pattern="")
-    local_rope = dict(rope_theta=self.rope_local_theta, rope_scaling="none")
-    return self.replace(local_global_pattern="", rope_local_theta=None, **local_rope)
+    the local RoPE base (unscaled) when `rope_local_theta` is set; its score scale divided
+    by index + 1 with `attention_scale_by_layer`."""
+    c = self
+    if c.attention_scale_by_layer:  # GPT-2: layer i's scores scaled by 1 / (i + 1) more
+      base = c.head_dim**-0.5 if c.attention_scale is None else c.attention_scale
+      c = c.replace(attention_scale=base / (index + 1), attention_scale_by_layer=False)
+    if not c.local_global_pattern:
+      return c
+    if c.is_global_layer(index):
+      return c.replace(sliding_window=None, local_global_pattern="", rope_local_theta=None)
+    if c.rope_local_theta is None:
+      return c.replace(local_global_pattern="")
+    local_rope = dict(rope_theta=c.rope_local_theta, rope_scaling="none")
+    return c.replace(local_global_pattern="", rope_local_theta=None, **local_rope)
 
   def is_moe_layer(self, index: int) -> bool:
     """Whether layer `index` (0-based, within its stack) has a mixture-of-experts FFN."""
@@ -206,6 +225,7 @@ def _validate(c: ModelConfig) -> None:
     ("dtype", DTYPES),
     ("pooling", POOLINGS),
     ("remat_policy", REMAT_POLICIES),
+    ("qk_norm_over", QK_NORM_OVER),
   ):
     value = getattr(c, field)
     if not isinstance(value, str) or value not in options:
@@ -256,9 +276,10 @@ def _validate(c: ModelConfig) -> None:
   _validate_layer_pattern(c)
   _validate_moe(c)
   _validate_lora(c)
+  _validate_vision(c)
 
 
-ROPE_SCALINGS = ("none", "linear", "llama3")
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn")
 
 
 def _validate_rope_scaling(c: ModelConfig) -> None:
@@ -270,10 +291,20 @@ def _validate_rope_scaling(c: ModelConfig) -> None:
     fail("rope_scaling", c.rope_scaling, f"needs position='rope', got {c.position!r}")
   if not (_is_number(c.rope_scaling_factor) and c.rope_scaling_factor > 0):
     fail("rope_scaling_factor", c.rope_scaling_factor, "must be > 0")
-  if c.rope_scaling != "llama3":
+  if c.rope_scaling == "linear":
     return
   if not (_is_int(c.rope_original_max_len) and c.rope_original_max_len > 0):
     fail("rope_original_max_len", c.rope_original_max_len, "must be an int > 0")
+  if c.rope_scaling == "yarn":
+    fast, slow = c.rope_beta_fast, c.rope_beta_slow
+    if not (_is_number(fast) and _is_number(slow) and fast > slow > 0):
+      fail("rope_beta_fast", fast, f"must be > rope_beta_slow={slow!r} > 0")
+    if not isinstance(c.rope_truncate, bool):
+      fail("rope_truncate", c.rope_truncate, "must be True or False")
+    factor = c.rope_attention_factor
+    if factor is not None and not (_is_number(factor) and factor > 0):
+      fail("rope_attention_factor", factor, "must be a number > 0, or None")
+    return
   low, high = c.rope_low_freq_factor, c.rope_high_freq_factor
   if not (_is_number(low) and _is_number(high) and 0 < low < high):
     fail("rope_high_freq_factor", high, f"must be > rope_low_freq_factor={low!r} > 0")
@@ -289,6 +320,10 @@ def _validate_layer_pattern(c: ModelConfig) -> None:
     fail("local_global_pattern", pattern, "must be a string of L (local) and G (global)")
   if "L" in pattern and c.sliding_window is None:
     fail("local_global_pattern", pattern, "L (local) layers need a sliding_window")
+  if not isinstance(c.attention_scale_by_layer, bool):
+    fail("attention_scale_by_layer", c.attention_scale_by_layer, "must be True or False")
+  if c.attention_scale_by_layer and c.scan_layers:
+    fail("attention_scale_by_layer", True, "needs scan_layers=False (scanned layers are alike)")
   if len(set(pattern)) > 1 and c.scan_layers:
     fail("local_global_pattern", pattern, "must be uniform with scan_layers=True")
   if c.rope_local_theta is not None and (c.position != "rope" or "L" not in pattern):
@@ -341,3 +376,15 @@ def _validate_lora(c: ModelConfig) -> None:
         fail(field, patterns, f"pattern {pattern!r} is not a regular expression ({e})")
   if c.lora_rank and not c.lora_targets:
     fail("lora_targets", c.lora_targets, "must name at least one projection when lora_rank > 0")
+
+
+def _validate_vision(c: ModelConfig) -> None:
+  """The distillation token, the layer scale and cls_mean pooling (the ViT rules they add
+  are `models.vit.validate`'s)."""
+  if not isinstance(c.vit_distillation_token, bool):
+    fail("vit_distillation_token", c.vit_distillation_token, "must be True or False")
+  if c.vit_distillation_token and c.family != "vit":
+    fail("vit_distillation_token", True, f"is a ViT (DeiT) token, got family={c.family!r}")
+  scale = c.layer_scale_init
+  if scale is not None and not (_is_number(scale) and abs(scale) < float("inf")):
+    fail("layer_scale_init", scale, "must be a finite number, or None (no layer scale)")

@@ -23,7 +23,9 @@ def attention_params(c: ModelConfig, is_cross: bool = False) -> int:
   q_out, kv_out = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
   weights = c.d_model * q_out + 2 * c.d_model * kv_out + q_out * c.d_model
   biases = (q_out + 2 * kv_out if c.qkv_biases else 0) + (c.d_model if c.use_bias else 0)
-  qk_norm = 2 * c.head_dim if c.qk_norm else 0  # the query and key norms' scales [H]
+  qk_norm = 0  # the query and key norms' scales: [H] each, or [N*H] and [K*H]
+  if c.qk_norm:
+    qk_norm = 2 * c.head_dim if c.qk_norm_over == "head" else q_out + kv_out
   # Position parameters exist in self-attention only (cross-attention has no positions).
   return weights + biases + qk_norm + (0 if is_cross else position_for(c).attention_params())
 
@@ -42,10 +44,12 @@ def moe_params(c: ModelConfig) -> int:
 
 def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
   """A `Stack`: its layers (dense or mixture-of-experts FFN), the final norm (pre-LN and
-  sandwich) and its shared position table."""
+  sandwich), the layer scales [D] per sublayer (`layer_scale_init`) and its shared position
+  table."""
   attention = attention_params(c) + (attention_params(c, is_cross=True) if cross else 0)
   norms_per_sublayer = 2 if c.norm_position == "sandwich" else 1
   per_layer = (2 + cross) * norms_per_sublayer * norm_params(c) + attention
+  per_layer += (2 + cross) * c.d_model if c.layer_scale_init is not None else 0
   moe_layers = sum(c.is_moe_layer(i) for i in range(layers))
   body = layers * per_layer + moe_layers * moe_params(c) + (layers - moe_layers) * ffn_params(c)
   final_norm = norm_params(c) if c.norm_position != "post" else 0

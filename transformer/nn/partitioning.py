@@ -54,6 +54,8 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
   (r"(token_type_embed|positions)/embedding$", (None, "embed")),
   (r"pos_embedding$", (None, None, "embed")),
   (r"cls$", (None, None, "embed")),
+  (r"distillation_token$", (None, None, "embed")),  # DeiT's second token, as [CLS]
+  (r"(self_attention|cross_attention|ffn)_scale$", ("embed",)),  # layer scale [D]
   (r"patch_embed/kernel$", (None, None, None, "embed")),
   (r"(mlm_transform|pooler)/kernel$", ("embed", None)),
   (r"(classifier|head)/kernel$", ("embed", None)),

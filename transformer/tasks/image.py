@@ -17,6 +17,7 @@ from transformer.data.pipeline import Batching
 from transformer.data.spec import F32, I32, DataContext, DataSpec
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
+from transformer.nn.models import vit
 from transformer.tasks.labels import Classifying, labels_and_weights
 
 
@@ -80,8 +81,8 @@ class ImageClassification(Classifying):
   def init_args(self, batch):
     return (batch["image"],), {}
 
-  def flops_per_count(self, model, info) -> float:  # per image: its patches (and [CLS])
-    tokens = model.num_patches + (model.pooling == "cls")
+  def flops_per_count(self, model, info) -> float:  # per image: its patches and learned tokens
+    tokens = model.num_patches + vit.prefix_tokens(model)
     return models.flops_per_token(model, tokens) * tokens
 
   def attention_masks(self, batch):

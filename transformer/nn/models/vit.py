@@ -1,8 +1,14 @@
 """Vision Transformer (Dosovitskiy et al. 2021): patches as tokens, [CLS] or mean pooling.
 
-Letters: B batch, P patch side, G = image_size / P, D model dim, C classes.
+Letters: B batch, P patch side, G = image_size / P, D model dim, C classes, E learned
+tokens before the patches ([CLS], DeiT's distillation token; `prefix_tokens`).
 `sliding_window` W: token t sees tokens s with |t - s| < W in the token order ([CLS],
 then the patches row by row), a band over the flattened grid rather than a 2-D window.
+
+Heads: `pooling` 'cls' reads [CLS], 'mean' the mean of all tokens, 'cls_mean' (DINOv2)
+concat([CLS], mean of the patch tokens) [B, 2D]. `vit_distillation_token` (DeiT, Touvron
+et al. 2021) puts a second learned token after [CLS] with its own head on it; the logits
+are the mean of the two heads', as DeiT's inference does.
 """
 
 from __future__ import annotations
@@ -50,20 +56,41 @@ class VisionTransformer(nn.Module):
     if c.position == "sinusoidal":  # fixed 2-D sin-cos over the patch grid
       grid = c.image_size // c.patch_size
       x = x + jnp.asarray(sincos_2d_table(grid, c.d_model), dtype)[None]
-    if c.pooling == "cls":
-      cls = self.param("cls", nn.initializers.zeros, (1, 1, c.d_model))
-      x = jnp.concatenate([jnp.broadcast_to(cls, (b, 1, c.d_model)).astype(dtype), x], axis=1)
+    prefix = prefix_tokens(c)  # E: [CLS] (and the distillation token) before the patches
+    if prefix:
+      names = ("cls", "distillation_token")[:prefix]
+      tokens = [self.param(n, nn.initializers.zeros, (1, 1, c.d_model)) for n in names]
+      tokens = jnp.broadcast_to(jnp.concatenate(tokens, axis=1), (b, prefix, c.d_model))
+      x = jnp.concatenate([tokens.astype(dtype), x], axis=1)  # [B, E + G*G, D]
     if c.position == "learned":
       pos = self.param("pos_embedding", nn.initializers.normal(0.02), (1, x.shape[1], c.d_model))
-      x = x + pos.astype(dtype)  # [B, 1 + G*G, D]
+      x = x + pos.astype(dtype)  # [B, E + G*G, D]
     x = make_dropout(c)(x, deterministic=deterministic)
     info = MaskInfo.create(jnp.ones(x.shape[:2], jnp.int32), window=c.sliding_window).replace(
       q_segment_ids=None, kv_segment_ids=None
     )  # no padding; a sliding window bounds |t - s| over the token order ([CLS] first)
     x = Stack(c, c.num_layers, name="encoder")(x, info, deterministic=deterministic)
-    pooled = x[:, 0] if c.pooling == "cls" else x.mean(axis=1)  # [B, D]
-    head = make_dense(c, c.num_classes, "head", use_bias=True, kernel_init=nn.initializers.zeros)
-    return head(pooled).astype(jnp.float32)  # [B, classes]
+    if c.pooling == "cls":
+      pooled = x[:, 0]  # [B, D]
+    elif c.pooling == "cls_mean":  # DINOv2: [CLS] beside the mean of the patch tokens
+      pooled = jnp.concatenate([x[:, 0], x[:, prefix:].mean(axis=1)], axis=-1)  # [B, 2D]
+    else:
+      pooled = x.mean(axis=1)  # [B, D]
+
+    def head(name: str, features: jax.Array) -> jax.Array:  # [B, D or 2D] -> [B, classes]
+      dense = make_dense(c, c.num_classes, name, use_bias=True, kernel_init=nn.initializers.zeros)
+      return dense(features).astype(jnp.float32)
+
+    logits = head("head", pooled)  # [B, classes]
+    if c.vit_distillation_token:  # DeiT: the mean of the [CLS] and distillation heads
+      logits = (logits + head("distillation_head", x[:, 1])) / 2
+    return logits  # [B, classes]
+
+
+def prefix_tokens(c: ModelConfig) -> int:
+  """Learned tokens before the patches: [CLS] (pooling 'cls' / 'cls_mean'), and DeiT's
+  distillation token after it."""
+  return (c.pooling != "mean") + c.vit_distillation_token
 
 
 def build(c: ModelConfig) -> nn.Module:
@@ -87,22 +114,25 @@ def validate(c: ModelConfig) -> None:
     fail("logits_softcap", c.logits_softcap, "the logit soft cap is for decoder and seq2seq")
   if c.position not in POSITIONS:
     fail("position", c.position, "ViT supports learned, sinusoidal (2-D sin-cos) or none")
-  tokens = c.num_patches + (c.pooling == "cls")
+  if c.vit_distillation_token and c.pooling != "cls":
+    fail("vit_distillation_token", True, f"needs pooling='cls' (DeiT), got {c.pooling!r}")
+  tokens = c.num_patches + prefix_tokens(c)
   if tokens > c.max_len:
     fail("max_len", c.max_len, f"must be >= {tokens} image tokens")
 
 
 def param_count(c: ModelConfig) -> int:
-  d = c.d_model
-  tokens = c.num_patches + (c.pooling == "cls")
+  d, prefix = c.d_model, prefix_tokens(c)
+  tokens = c.num_patches + prefix
   patch = c.patch_size**2 * c.num_channels * d + d
+  head_in = 2 * d if c.pooling == "cls_mean" else d
   return (
     patch
-    + (d if c.pooling == "cls" else 0)
+    + prefix * d
     + (tokens * d if c.position == "learned" else 0)
     + counts.stack_params(c, c.num_layers, cross=False)
-    + d * c.num_classes
-    + c.num_classes
+    + (head_in + 1) * c.num_classes
+    + ((d + 1) * c.num_classes if c.vit_distillation_token else 0)
   )
 
 

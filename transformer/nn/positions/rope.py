@@ -5,7 +5,11 @@ Hugging Face's `modeling_rope_utils` computes them:
 - linear (position interpolation, Chen et al. 2023): every frequency divided by the factor;
 - llama3 (Llama 3.1+): wavelengths longer than L / low_freq_factor divided by the factor,
   those shorter than L / high_freq_factor kept, and those between interpolated smoothly,
-  L being the pretraining context (`rope_original_max_len`).
+  L being the pretraining context (`rope_original_max_len`);
+- yarn (Peng et al. 2023, "YaRN"): dims that turn more than beta_fast times over L keep
+  their frequency, those turning fewer than beta_slow times are divided by the factor, a
+  linear ramp between; q and k are also multiplied by the attention factor
+  (`rope_attention_factor`, default 0.1 ln(factor) + 1), so scores by its square.
 
 Partial rotary (`rope_fraction` < 1, GPT-NeoX): only the first R = `rope_dim` features of
 each head rotate, with the frequencies of an R-wide head, as Hugging Face does.
@@ -35,6 +39,8 @@ def rope_frequencies(
   factor = config.rope_scaling_factor
   if scaling == "linear":
     return inv_freq / factor
+  if scaling == "yarn":
+    return _yarn(inv_freq, head_dim, theta, config)
   low, high = config.rope_low_freq_factor, config.rope_high_freq_factor
   context = config.rope_original_max_len
   wavelength = 2 * math.pi / inv_freq
@@ -42,6 +48,34 @@ def rope_frequencies(
   between = (1 - smooth) * inv_freq / factor + smooth * inv_freq
   out = np.where(wavelength > context / low, inv_freq / factor, between)
   return np.where(wavelength < context / high, inv_freq, out)
+
+
+def _yarn(inv_freq: np.ndarray, dim: int, theta: float, c: ModelConfig) -> np.ndarray:
+  """YaRN's frequencies, as `transformers.modeling_rope_utils._compute_yarn_parameters`."""
+
+  def correction_dim(rotations: float) -> float:  # the dim that turns `rotations` times in L
+    return (
+      dim * math.log(c.rope_original_max_len / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    )
+
+  low, high = correction_dim(c.rope_beta_fast), correction_dim(c.rope_beta_slow)
+  if c.rope_truncate:
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dim - 1)
+  high = high + 0.001 if low == high else high  # as HF: no zero-width ramp
+  ramp = np.clip((np.arange(dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+  kept = 1 - ramp  # 1: the frequency as it is (extrapolated), 0: divided by the factor
+  return inv_freq / c.rope_scaling_factor * (1 - kept) + inv_freq * kept
+
+
+def rope_attention_factor(config: ModelConfig | None) -> float:
+  """What yarn multiplies q and k by after rotating (1 otherwise)."""
+  if config is None or config.rope_scaling != "yarn":
+    return 1.0
+  if config.rope_attention_factor is not None:
+    return config.rope_attention_factor
+  factor = config.rope_scaling_factor
+  return 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
 
 
 def apply_rope(
@@ -59,7 +93,8 @@ def apply_rope(
   cos = jnp.cos(angles)[:, :, None, :]  # [B, T, 1, H/2]
   x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)  # [B, T, N, H/2] each
   rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)  # [B, T, N, H]
-  return rotated.astype(x.dtype)
+  factor = rope_attention_factor(config)
+  return (rotated if factor == 1.0 else rotated * factor).astype(x.dtype)
 
 
 class Rope(Position):
