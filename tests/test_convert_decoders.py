@@ -63,10 +63,7 @@ BUILDERS = {
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-  return {
-    name: parity.saved(build, 40 + i, tmp_path_factory.mktemp(name))
-    for i, (name, build) in enumerate(BUILDERS.items())
-  }
+  return parity.saved_all(BUILDERS, 40, tmp_path_factory)
 
 
 @pytest.mark.parametrize("arch", list(BUILDERS))

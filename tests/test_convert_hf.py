@@ -106,11 +106,16 @@ BUILDERS = {
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-  """Architecture -> (the HF model in eval mode, its save_pretrained directory)."""
-  out = {}
-  for i, (name, build) in enumerate(BUILDERS.items()):
-    out[name] = saved(build, i, tmp_path_factory.mktemp(name))
-  return out
+  return saved_all(BUILDERS, 0, tmp_path_factory)
+
+
+def saved_all(builders: dict, first_seed: int, tmp_path_factory) -> dict:
+  """Architecture -> (the HF model in eval mode, its save_pretrained directory), for
+  `builders` (architecture -> build()), seeded first_seed, first_seed + 1, ..."""
+  return {
+    name: saved(build, first_seed + i, tmp_path_factory.mktemp(name))
+    for i, (name, build) in enumerate(builders.items())
+  }
 
 
 def saved(build, seed: int, path):

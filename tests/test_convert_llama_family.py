@@ -116,10 +116,7 @@ BUILDERS = {
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-  return {
-    name: parity.saved(build, 20 + i, tmp_path_factory.mktemp(name))
-    for i, (name, build) in enumerate(BUILDERS.items())
-  }
+  return parity.saved_all(BUILDERS, 20, tmp_path_factory)
 
 
 @pytest.mark.parametrize("arch", list(BUILDERS))
