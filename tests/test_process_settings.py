@@ -53,3 +53,22 @@ def test_on_sets_allocator_and_flags_once():
   assert out[1] == "--xla_cpu_multi_thread_eigen=true --xla_cpu_prefer_vector_width=512"
   assert out[2] == "['malloc: keep freed memory']"  # the user's vector width stays
   assert out[3] == "6.0"  # JAX starts with the flags
+
+
+def test_the_compilation_cache_is_on_by_default(monkeypatch, tmp_path):
+  """'auto': the user's JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/transformer/jax,
+  else ~/.cache/transformer/jax; '' is off; anything else is the folder itself."""
+  from transformer.train import experiment
+  from transformer.train.setup import compilation_cache_dir
+
+  assert experiment.LoopConfig().compilation_cache_dir == "auto"
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "env"))
+  assert compilation_cache_dir("auto") == str(tmp_path / "env")
+  monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR")
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+  assert compilation_cache_dir("auto") == str(tmp_path / "xdg" / "transformer" / "jax")
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  assert compilation_cache_dir("auto") == str(tmp_path / "home" / ".cache" / "transformer" / "jax")
+  assert compilation_cache_dir("") is None
+  assert compilation_cache_dir("gs://bucket/jax") == "gs://bucket/jax"

@@ -64,7 +64,9 @@ class LoopConfig:
   init_from: str = ""  # workdir / checkpoint folder whose matching parameters init the model,
   # or 'hf:DIR', a Hugging Face directory: its model config, weights and tokenizer,
   # or 'bv:FILE.npz', a big_vision ViT: its model config and weights
-  compilation_cache_dir: str = ""  # persistent XLA compilation cache folder ('' = off)
+  compilation_cache_dir: str = "auto"  # persistent XLA compilation cache: a folder or URL,
+  # 'auto' ($JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/transformer/jax, default
+  # ~/.cache/transformer/jax), or '' (off); `setup.use_compilation_cache`
 
   def __post_init__(self):
     _positive(self, "num_train_steps", "batch_size", "seq_len", "grad_accum_steps", "log_every")

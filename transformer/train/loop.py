@@ -81,8 +81,6 @@ def train_and_evaluate(
   hooks = hooks or Hooks()
   workdir = prepare_workdir(workdir)
   loop = exp.loop
-  if loop.compilation_cache_dir:  # reuse compiled steps across runs and restarts
-    jax.config.update("jax_compilation_cache_dir", loop.compilation_cache_dir)
   is_primary = jax.process_index() == 0
   with RunGuard(workdir, exp.faults) as guard:  # lock, SIGTERM, peers, storage
     # Build, then restore the latest checkpoint (or start from `init_from`).

@@ -68,9 +68,32 @@ def init_params(model, task: Task, info: DataInfo, seed: int) -> Any:
   return jax.jit(init)(rng)["params"]
 
 
+def compilation_cache_dir(setting: str) -> str | None:
+  """The persistent compilation cache folder of `loop.compilation_cache_dir` ('auto': the
+  user's JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/transformer/jax, default
+  ~/.cache/transformer/jax; '': none)."""
+  if setting != "auto":
+    return setting or None
+  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    return os.environ["JAX_COMPILATION_CACHE_DIR"]
+  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+  return os.path.join(root, "transformer", "jax")
+
+
+def use_compilation_cache(setting: str) -> str | None:
+  """Points JAX's persistent compilation cache at `compilation_cache_dir(setting)` (JAX
+  keys its entries by program, backend, flags and versions, so one folder serves every
+  run, resume, sweep trial and `eval.py`); returns the folder, or None when off."""
+  folder = compilation_cache_dir(setting)
+  if folder:
+    jax.config.update("jax_compilation_cache_dir", folder)
+  return folder
+
+
 def build(exp: Experiment, workdir: str) -> Setup:
   """Data, model, optimizer, compiled steps and an initial state for `exp`."""
   loop = exp.loop
+  use_compilation_cache(loop.compilation_cache_dir)  # compiled programs reused across runs
   attention_impl, why = resolve_attention_impl(exp.model)  # a missing GPU / TPU fails here
   print(f"attention: {attention_impl} ({why})")
   exp = dataclasses.replace(exp, data=finetune.hf_tokenizer_data(loop.init_from, exp.data, workdir))
