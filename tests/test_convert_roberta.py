@@ -186,3 +186,11 @@ def test_a_position_table_without_padding_rows_is_a_shape_error(checkpoints, tmp
   message = str(e.value)
   assert f"'{TABLE}' has shape [66, 32]" in message and "needs [100, 32]" in message
   assert "encoder/embedder/positions/embedding [98, 32]" in message and "\n" not in message
+
+
+def test_another_max_len_at_load_is_one_line(checkpoints):
+  """Which rows a shorter learned table keeps is not load's to guess (RoBERTa's offset)."""
+  _, path = checkpoints["mlm"]
+  with pytest.raises(ValueError, match=r"load: max_len=16 differs from the checkpoint's") as e:
+    convert.load(path, max_len=16)
+  assert "\n" not in str(e.value)

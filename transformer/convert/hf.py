@@ -185,6 +185,12 @@ def load(path: str | epath.PathLike, **changes: Any) -> tuple[ModelConfig, dict[
     raise ValueError(f"{path}/{CONFIG}: lacks {e} (needed by {converter.architecture})") from e
   if changes.get("scan_layers"):
     raise ValueError("load: scan_layers=True is not supported (the layers are unrolled)")
+  length = changes.get("max_len", fields["max_len"])
+  if length != fields["max_len"] and fields["position"] == "learned" and fields["family"] != "vit":
+    raise ValueError(  # which rows a shorter table keeps is the caller's call (fine-tuning: first)
+      f"load: max_len={length} differs from the checkpoint's {fields['max_len']} learned "
+      "positions; load it as it is, then cut the table"
+    )
   config = ModelConfig(**{**fields, **changes})
   tensors = read_tensors(path)
   params = convert_from_hf(tensors, config, converter)
