@@ -1,0 +1,128 @@
+"""`ModelConfig`'s rules for its option groups (RoPE scaling, layer patterns, MoE, LoRA,
+vision), and `fail`, the one-line error every rule raises.
+
+`config.ModelConfig.__post_init__` calls them; each family's, position's and kernel's own
+rules live with that module (`models.check`). This module imports nothing from the
+package, so `config` imports it one way.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NoReturn
+
+
+def fail(field: str, value: Any, rule: str) -> NoReturn:
+  """Raises the one-line `ValueError` of an invalid field: 'ModelConfig.field=value: rule'."""
+  raise ValueError(f"ModelConfig.{field}={value!r}: {rule}")
+
+
+def is_int(value: Any) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
+ROPE_SCALINGS = ("none", "linear", "llama3", "yarn")
+
+
+def validate_rope_scaling(c: Any) -> None:
+  if c.rope_scaling not in ROPE_SCALINGS:
+    fail("rope_scaling", c.rope_scaling, f"must be one of {ROPE_SCALINGS}")
+  if c.rope_scaling == "none":
+    return
+  if c.position != "rope":
+    fail("rope_scaling", c.rope_scaling, f"needs position='rope', got {c.position!r}")
+  if not (is_number(c.rope_scaling_factor) and c.rope_scaling_factor > 0):
+    fail("rope_scaling_factor", c.rope_scaling_factor, "must be > 0")
+  if c.rope_scaling == "linear":
+    return
+  if not (is_int(c.rope_original_max_len) and c.rope_original_max_len > 0):
+    fail("rope_original_max_len", c.rope_original_max_len, "must be an int > 0")
+  if c.rope_scaling == "yarn":
+    fast, slow = c.rope_beta_fast, c.rope_beta_slow
+    if not (is_number(fast) and is_number(slow) and fast > slow > 0):
+      fail("rope_beta_fast", fast, f"must be > rope_beta_slow={slow!r} > 0")
+    if not isinstance(c.rope_truncate, bool):
+      fail("rope_truncate", c.rope_truncate, "must be True or False")
+    factor = c.rope_attention_factor
+    if factor is not None and not (is_number(factor) and factor > 0):
+      fail("rope_attention_factor", factor, "must be a number > 0, or None")
+    return
+  low, high = c.rope_low_freq_factor, c.rope_high_freq_factor
+  if not (is_number(low) and is_number(high) and 0 < low < high):
+    fail("rope_high_freq_factor", high, f"must be > rope_low_freq_factor={low!r} > 0")
+
+
+def validate_layer_pattern(c: Any) -> None:
+  for field in ("rope_local_theta", "attention_softcap", "logits_softcap"):
+    value = getattr(c, field)
+    if value is not None and not (is_number(value) and value > 0):
+      fail(field, value, "must be a number > 0, or None")
+  pattern = c.local_global_pattern
+  if not isinstance(pattern, str) or set(pattern) - {"L", "G"}:
+    fail("local_global_pattern", pattern, "must be a string of L (local) and G (global)")
+  if "L" in pattern and c.sliding_window is None:
+    fail("local_global_pattern", pattern, "L (local) layers need a sliding_window")
+  if not isinstance(c.attention_scale_by_layer, bool):
+    fail("attention_scale_by_layer", c.attention_scale_by_layer, "must be True or False")
+  if c.attention_scale_by_layer and c.scan_layers:
+    fail("attention_scale_by_layer", True, "needs scan_layers=False (scanned layers are alike)")
+  if len(set(pattern)) > 1 and c.scan_layers:
+    fail("local_global_pattern", pattern, "must be uniform with scan_layers=True")
+  if c.rope_local_theta is not None and (c.position != "rope" or "L" not in pattern):
+    fail("rope_local_theta", c.rope_local_theta, "needs position='rope' and L layers")
+
+
+def validate_moe(c: Any) -> None:
+  if not is_int(c.moe_experts) or c.moe_experts < 0:
+    fail("moe_experts", c.moe_experts, "must be an integer >= 0 (0 = dense feed-forward)")
+  for field in ("moe_balance_loss", "moe_router_z_loss"):
+    value = getattr(c, field)
+    if not is_number(value) or value < 0:
+      fail(field, value, "must be a number >= 0")
+  if c.moe_norm_topk is not None and not isinstance(c.moe_norm_topk, bool):
+    fail("moe_norm_topk", c.moe_norm_topk, "must be True, False or None (= moe_top_k > 1)")
+  if not c.moe_experts:
+    return
+  if not is_int(c.moe_top_k) or not 1 <= c.moe_top_k <= c.moe_experts:
+    fail("moe_top_k", c.moe_top_k, f"must be an integer in [1, moe_experts={c.moe_experts}]")
+  if not is_int(c.moe_every) or not 1 <= c.moe_every <= c.num_layers:
+    fail("moe_every", c.moe_every, f"must be an integer in [1, num_layers={c.num_layers}]")
+  if c.scan_layers and c.moe_every != 1:
+    fail("moe_every", c.moe_every, "must be 1 with scan_layers=True (scanned layers are alike)")
+  f = c.moe_capacity_factor
+  if f is not None and (not is_number(f) or not f > 0):
+    fail("moe_capacity_factor", f, "must be a number > 0, or None (dropless)")
+
+
+def validate_lora(c: Any) -> None:
+  if not is_int(c.lora_rank) or c.lora_rank < 0:
+    fail("lora_rank", c.lora_rank, "must be an integer >= 0 (0 = no adapters)")
+  if not is_number(c.lora_alpha) or not c.lora_alpha > 0:
+    fail("lora_alpha", c.lora_alpha, "must be a number > 0")
+  for field in ("lora_targets", "lora_trainable"):
+    patterns = getattr(c, field)
+    if not isinstance(patterns, tuple) or not all(isinstance(p, str) for p in patterns):
+      fail(field, patterns, "must be a tuple of regular expressions (strings)")
+    for pattern in patterns:
+      try:
+        re.compile(pattern)
+      except re.error as e:
+        fail(field, patterns, f"pattern {pattern!r} is not a regular expression ({e})")
+  if c.lora_rank and not c.lora_targets:
+    fail("lora_targets", c.lora_targets, "must name at least one projection when lora_rank > 0")
+
+
+def validate_vision(c: Any) -> None:
+  """The distillation token, the layer scale and cls_mean pooling (the ViT rules they add
+  are `models.vit.validate`'s)."""
+  if not isinstance(c.vit_distillation_token, bool):
+    fail("vit_distillation_token", c.vit_distillation_token, "must be True or False")
+  if c.vit_distillation_token and c.family != "vit":
+    fail("vit_distillation_token", True, f"is a ViT (DeiT) token, got family={c.family!r}")
+  scale = c.layer_scale_init
+  if scale is not None and not (is_number(scale) and abs(scale) < float("inf")):
+    fail("layer_scale_init", scale, "must be a finite number, or None (no layer scale)")
