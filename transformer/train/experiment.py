@@ -66,7 +66,7 @@ class LoopConfig:
   # or 'bv:FILE.npz', a big_vision ViT: its model config and weights
   compilation_cache_dir: str = "auto"  # persistent XLA compilation cache: a folder or URL,
   # 'auto' ($JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/transformer/jax, default
-  # ~/.cache/transformer/jax), or '' (off); `setup.use_compilation_cache`
+  # ~/.cache/transformer/jax), or '' (off); `compile_cache.py`
 
   def __post_init__(self):
     _positive(self, "num_train_steps", "batch_size", "seq_len", "grad_accum_steps", "log_every")

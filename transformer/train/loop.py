@@ -44,7 +44,15 @@ from ml_collections import config_flags
 
 from transformer import cli
 from transformer.tasks import Run
-from transformer.train import checkpoints, experiment, finetune, setup, telemetry, tracking
+from transformer.train import (
+  checkpoints,
+  compile_cache,
+  experiment,
+  finetune,
+  setup,
+  telemetry,
+  tracking,
+)
 from transformer.train.actions import Evaluate, Log, Save, Throughput, ema_view, evaluate
 from transformer.train.curves import plot_curves
 from transformer.train.guard import NonFinite, RunGuard
@@ -200,6 +208,8 @@ def train_and_evaluate(
           plot_curves([writer.jsonl_path], os.path.join(workdir, "curves.png"))
         if not metrics.get("preempted") and is_primary:
           evaluation.finish(state)  # the evaluators that run at the end (an LM's sample)
+        if is_primary and s.cache_folder:
+          print(compile_cache.summary(s.cache_folder))
       return metrics
 
 
@@ -220,7 +230,10 @@ def _restore_or_init(exp: experiment.Experiment, s: setup.Setup, ckpt) -> tuple[
     print(f"resumed from step {restored.step} ({ckpt.directory})")
     return state, True
   if exp.loop.init_from:
-    params = finetune.load_init_from(exp.loop.init_from, state.params, s.model_cfg.vocab_size)
+    image_size = s.model_cfg.image_size if exp.task.images else None  # a DINOv2's resampled
+    params = finetune.load_init_from(
+      exp.loop.init_from, state.params, s.model_cfg.vocab_size, image_size
+    )
     state = state.replace(params=params, opt_state=s.tx.init(params))
     if exp.ema.enabled:  # the EMA starts from the loaded weights
       state = state.replace(ema_params=copy_params(params))

@@ -26,7 +26,7 @@ from transformer.nn.config import RUNTIME_FIELDS, ModelConfig
 from transformer.nn.kernel_rules import resolve_attention_impl
 from transformer.nn.models import build_model
 from transformer.tasks import Task
-from transformer.train import finetune
+from transformer.train import compile_cache, finetune
 from transformer.train.experiment import Experiment, finalize_model
 from transformer.train.optimizer import create_optimizer
 from transformer.train.parallel import StepRunner
@@ -48,6 +48,7 @@ class Setup:
   tx: Any
   runner: StepRunner
   state: TrainState  # freshly initialised (not yet restored)
+  cache_folder: str | None = None  # the compilation cache in use (`compile_cache.use`)
 
 
 def zeros_batch(info: DataInfo, train: bool = True, rows: int | None = None) -> dict:
@@ -68,32 +69,10 @@ def init_params(model, task: Task, info: DataInfo, seed: int) -> Any:
   return jax.jit(init)(rng)["params"]
 
 
-def compilation_cache_dir(setting: str) -> str | None:
-  """The persistent compilation cache folder of `loop.compilation_cache_dir` ('auto': the
-  user's JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/transformer/jax, default
-  ~/.cache/transformer/jax; '': none)."""
-  if setting != "auto":
-    return setting or None
-  if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    return os.environ["JAX_COMPILATION_CACHE_DIR"]
-  root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-  return os.path.join(root, "transformer", "jax")
-
-
-def use_compilation_cache(setting: str) -> str | None:
-  """Points JAX's persistent compilation cache at `compilation_cache_dir(setting)` (JAX
-  keys its entries by program, backend, flags and versions, so one folder serves every
-  run, resume, sweep trial and `eval.py`); returns the folder, or None when off."""
-  folder = compilation_cache_dir(setting)
-  if folder:
-    jax.config.update("jax_compilation_cache_dir", folder)
-  return folder
-
-
 def build(exp: Experiment, workdir: str) -> Setup:
   """Data, model, optimizer, compiled steps and an initial state for `exp`."""
   loop = exp.loop
-  use_compilation_cache(loop.compilation_cache_dir)  # compiled programs reused across runs
+  cache_folder = compile_cache.use(loop.compilation_cache_dir)  # programs reused across runs
   attention_impl, why = resolve_attention_impl(exp.model)  # a missing GPU / TPU fails here
   print(f"attention: {attention_impl} ({why})")
   exp = dataclasses.replace(exp, data=finetune.hf_tokenizer_data(loop.init_from, exp.data, workdir))
@@ -132,7 +111,9 @@ def build(exp: Experiment, workdir: str) -> Setup:
   state = create_train_state(
     params, tx, jax.random.PRNGKey(loop.seed + 1), ema=exp.ema.enabled, frozen=frozen
   )
-  return Setup(exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state)
+  return Setup(
+    exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state, cache_folder
+  )
 
 
 def load_trained(source: str) -> tuple[ModelConfig, Any]:
