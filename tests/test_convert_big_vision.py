@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
@@ -185,7 +186,7 @@ def test_logits_equal_the_float64_reference(case, tmp_path):
   arrays = make_checkpoint(pool, old=old, scan=scan)
   config, params = convert.big_vision.load(write(tmp_path / "vit.npz", arrays, prefix))
   images = _images()
-  ours = np.asarray(build_model(config).apply(params, images))  # images [B, H, W, C]
+  ours = np.asarray(jax.jit(build_model(config).apply)(params, images))  # images [B, H, W, C]
   expected = reference_logits(_unstacked(arrays), images, old=old)
   assert ours.shape == (B, CLASSES)
   np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)

@@ -169,15 +169,14 @@ def _hf_bf16_logits(arch: str, model, x: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def _our_logits(arch: str, config: ModelConfig, params, x: dict[str, np.ndarray]) -> np.ndarray:
-  model = build_model(config)
+  # One compiled forward: op by op, each of the model's ~120 primitives would compile alone.
+  apply = jax.jit(build_model(config).apply)
   if arch.startswith(VISION):
-    return np.asarray(model.apply(params, x["images"]))
+    return np.asarray(apply(params, x["images"]))
   if arch.startswith(ENCODERS):  # RoBERTa numbers the real tokens, BERT every slot
     positions = x["positions"] if arch.startswith("Roberta") else None
-    return np.asarray(
-      model.apply(params, x["tokens"], x["mask"], positions, token_type_ids=x["types"])
-    )
-  return np.asarray(model.apply(params, x["tokens"], x["positions"], x["mask"]))
+    return np.asarray(apply(params, x["tokens"], x["mask"], positions, token_type_ids=x["types"]))
+  return np.asarray(apply(params, x["tokens"], x["positions"], x["mask"]))
 
 
 def _real(arch: str, logits: np.ndarray, x: dict[str, np.ndarray]) -> np.ndarray:

@@ -52,8 +52,8 @@ def _hf_logits(model, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
 
 
 def _ours_logits(config, params, inputs: np.ndarray, targets: np.ndarray) -> np.ndarray:
-  model = build_model(config)
-  logits = model.apply({"params": params}, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets))
+  apply = jax.jit(build_model(config).apply)  # one compiled forward, not op by op
+  logits = apply({"params": params}, jnp.asarray(inputs, jnp.int32), jnp.asarray(targets))
   return np.asarray(logits)  # [B, T, V]
 
 
