@@ -73,7 +73,7 @@ def layer_norm(x: np.ndarray, p: Params, eps: float) -> np.ndarray:
   """Ba et al. 2016: (x - mean) / sqrt(var + eps) * scale + bias over the last axis."""
   mean = x.mean(-1, keepdims=True)
   var = ((x - mean) ** 2).mean(-1, keepdims=True)
-  return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+  return (x - mean) / np.sqrt(var + eps) * p["scale"] + p.get("bias", 0.0)  # no bias: ModernBERT
 
 
 def rms_norm(x: np.ndarray, p: Params, eps: float, plus_one: bool = False) -> np.ndarray:
@@ -99,6 +99,8 @@ def feed_forward(x: np.ndarray, p: Params, activation: str) -> np.ndarray:
     h = relu(dense(x, p["wi"]))
   elif activation == "gelu":
     h = gelu(dense(x, p["wi"]))
+  elif activation == "silu":  # Marian's swish, ungated
+    h = silu(dense(x, p["wi"]))
   elif activation == "swiglu":
     h = silu(dense(x, p["wi_0"])) * dense(x, p["wi_1"])
   elif activation == "geglu":
@@ -114,16 +116,18 @@ def feed_forward(x: np.ndarray, p: Params, activation: str) -> np.ndarray:
 # Positions.
 
 
-def sinusoidal(positions: np.ndarray, d_model: int) -> np.ndarray:
-  """Vaswani et al. 3.5, element by element: PE(pos, 2i) = sin(pos / 10000^(2i/d)), cos odd."""
+def sinusoidal(positions: np.ndarray, d_model: int, split: bool = False) -> np.ndarray:
+  """Vaswani et al. 3.5, element by element: PE(pos, 2i) = sin(pos / 10000^(2i/d)), cos odd.
+  `split` (Marian): the sine of angle i at feature i, its cosine at d/2 + i."""
   positions = np.asarray(positions)
   out = np.zeros(positions.shape + (d_model,))
   for idx in np.ndindex(positions.shape):
     pos = float(positions[idx])
     for i in range(d_model // 2):
       angle = pos / 10000.0 ** (2 * i / d_model)
-      out[idx + (2 * i,)] = math.sin(angle)
-      out[idx + (2 * i + 1,)] = math.cos(angle)
+      sin_at, cos_at = (i, d_model // 2 + i) if split else (2 * i, 2 * i + 1)
+      out[idx + (sin_at,)] = math.sin(angle)
+      out[idx + (cos_at,)] = math.cos(angle)
   return out
 
 
@@ -320,16 +324,19 @@ def block(
   rel_table: np.ndarray | None = None,
   encoded: np.ndarray | None = None,
   cross_mask: np.ndarray | None = None,
+  attention_norm: bool = True,
 ) -> np.ndarray:
   """Pre-LN: x + f(norm(x)); post-LN (Vaswani et al.): norm(x + f(x)); dropout off.
-  Layer scale (Touvron et al. 2021, CaiT): each branch's output times its vector [D]."""
+  Layer scale (Touvron et al. 2021, CaiT): each branch's output times its vector [D].
+  `attention_norm` False (pre-LN): x + attn(x), no norm before attention (ModernBERT)."""
 
   def scaled(y, name):  # 'ffn_norm' -> the branch's layer scale 'ffn_scale'
     return y if config.layer_scale_init is None else y * p[name.replace("_norm", "_scale")]
 
   def sublayer(x, name, f):
     if config.norm_position == "pre":
-      return x + scaled(f(norm(x, p[name], config)), name)
+      bare = name == "self_attention_norm" and not attention_norm
+      return x + scaled(f(x if bare else norm(x, p[name], config)), name)
     if config.norm_position == "sandwich":  # Gemma 2 / 3: a norm before and after f
       return x + scaled(norm(f(norm(x, p[name], config)), p[f"{name}_post"], config), name)
     if config.norm_position == "sublayer_post":  # OLMo 2: a norm on f's output
@@ -403,6 +410,7 @@ def stack(
       rel_table,
       encoded,
       cross_mask,
+      attention_norm=i > 0 or config.first_layer_attention_norm,
     )
   if config.norm_position != "post":
     x = norm(x, p["final_norm"], config)
@@ -422,7 +430,8 @@ def _add_positions(x, p_embedder, positions, config):
   if config.position == "learned":
     return x + p_embedder["positions"]["embedding"][positions]
   if config.position == "sinusoidal":
-    return x + sinusoidal(positions, config.d_model)
+    split = config.sinusoidal_layout == "split"
+    return x + sinusoidal(positions, config.d_model, split)
   return x
 
 
@@ -457,7 +466,8 @@ def decoder_lm(
 
 
 def encoder(p_model: Params, tokens, config, segment_ids=None, token_type_ids=None):
-  """BERT backbone: token + position (+ type) embeddings, (post-LN: LayerNorm), the stack."""
+  """BERT backbone: token + position (+ type) embeddings, (post-LN or `embed_norm`: a norm),
+  the stack (its G layers of a `local_global_pattern` without the window)."""
   p = p_model["encoder"]
   positions = _positions(tokens)
   segments = (tokens != 0).astype(int) if segment_ids is None else segment_ids
@@ -470,56 +480,72 @@ def encoder(p_model: Params, tokens, config, segment_ids=None, token_type_ids=No
   if config.type_vocab_size:
     types = np.zeros_like(tokens) if token_type_ids is None else token_type_ids
     x = x + p["token_type_embed"]["embedding"][types]
-  if config.norm_position == "post":
+  if config.norm_position == "post" or config.embed_norm:
     x = norm(x, p["embed_norm"], config)
   idx = np.arange(tokens.shape[1])
   mask = reference_mask(idx, idx, False, config.sliding_window, segments, segments)
-  return stack(p["layers"], x, config, config.num_layers, mask, positions, False)
+  global_mask = reference_mask(idx, idx, False, None, segments, segments)
+  n = config.num_layers
+  return stack(p["layers"], x, config, n, mask, positions, False, global_mask=global_mask)
 
 
 def masked_lm(p: Params, tokens, config, segment_ids=None, token_type_ids=None):
-  """BERT MLM head: norm(gelu(W h + b)) E^T + output bias. Returns [B, T, V]."""
+  """BERT MLM head: norm(gelu(W h + b)) E^T + output bias (ModernBERT: b, the output bias
+  optional). Returns [B, T, V]."""
   x = encoder(p, tokens, config, segment_ids, token_type_ids)
   x = norm(gelu(dense(x, p["mlm_transform"])), p["mlm_norm"], config)
   if config.tie_embeddings:
     logits = x @ p["token_embed"]["embedding"].T
   else:
     logits = dense(x, p["mlm_head"])
-  return logits + p["mlm_bias"]
+  return logits + p["mlm_bias"] if config.mlm_output_bias else logits
 
 
 def sequence_classifier(p: Params, tokens, config, segment_ids=None, token_type_ids=None):
-  """BERT classifier: tanh(W pooled + b) then a linear classifier. Returns [B, C]."""
+  """BERT classifier: tanh(W pooled + b) then a linear classifier; ModernBERT's:
+  norm(gelu(W pooled (+ b))) then the classifier. Returns [B, C]."""
   x = encoder(p, tokens, config, segment_ids, token_type_ids)
   if config.pooling == "cls":
     pooled = x[:, 0]
   else:
     valid = ((tokens != 0) if segment_ids is None else (segment_ids > 0)).astype(float)
     pooled = np.einsum("btd,bt->bd", x, valid) / np.maximum(valid.sum(1, keepdims=True), 1)
-  return dense(np.tanh(dense(pooled, p["pooler"])), p["classifier"])
+  pooled = dense(pooled, p["pooler"])
+  if config.pooler_activation == "gelu_norm":  # ModernBERT: GELU, then a norm
+    return dense(norm(gelu(pooled), p["pooler_norm"], config), p["classifier"])
+  return dense(np.tanh(pooled), p["classifier"])
 
 
 def encoder_decoder(p: Params, inputs, targets, config) -> np.ndarray:
-  """Vaswani et al.: encoder over inputs, decoder over targets shifted right (start 0)."""
+  """Vaswani et al.: encoder over inputs, decoder over targets shifted right (start
+  `decoder_start_id`, 0 = PAD as T5). BART (Lewis et al. 2020): a norm after each stack's
+  embeddings (`embed_norm`), and a [V] bias on the logits (`final_logits_bias`)."""
   table = p["shared_embed"]["embedding"]
+  start = config.decoder_start_id
   src_seg = (inputs != 0).astype(int)
   tgt_seg = (targets != 0).astype(int)
   src_pos, tgt_pos = _positions(inputs), _positions(targets)
   si, ti = np.arange(inputs.shape[1]), np.arange(targets.shape[1])
-  x = _add_positions(_embed(table, inputs, config), p.get("encoder_embedder"), src_pos, config)
+
+  def embed(tokens, positions, name):
+    x = _add_positions(_embed(table, tokens, config), p.get(name), positions, config)
+    return norm(x, p[name]["embed_norm"], config) if config.embed_norm else x
+
+  x = embed(inputs, src_pos, "encoder_embedder")
   enc_mask = reference_mask(si, si, False, config.sliding_window, src_seg, src_seg)
   encoded = stack(p["encoder"], x, config, config.num_layers, enc_mask, src_pos, False)
-  # Shifted right with 0 as the start token; a new segment also starts from 0 (T5 packing).
+  # Shifted right after the start token; a new segment also starts from it (T5 packing).
   prev_seg = np.concatenate([np.zeros_like(tgt_seg[:, :1]), tgt_seg[:, :-1]], axis=1)
-  dec_in = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
-  dec_in = np.where(tgt_seg == prev_seg, dec_in, 0)
-  y = _add_positions(_embed(table, dec_in, config), p.get("decoder_embedder"), tgt_pos, config)
+  dec_in = np.concatenate([np.full_like(targets[:, :1], start), targets[:, :-1]], axis=1)
+  dec_in = np.where(tgt_seg == prev_seg, dec_in, start)
+  y = embed(dec_in, tgt_pos, "decoder_embedder")
   self_mask = reference_mask(ti, ti, True, config.sliding_window, tgt_seg, tgt_seg)
   cross_mask = reference_mask(ti, si, False, None, tgt_seg, src_seg)
   y = stack(
     p["decoder"], y, config, config.decoder_layers, self_mask, tgt_pos, True, encoded, cross_mask
   )
-  return y @ table.T if config.tie_embeddings else dense(y, p["lm_head"])
+  logits = y @ table.T if config.tie_embeddings else dense(y, p["lm_head"])
+  return logits + p["final_logits_bias"] if config.final_logits_bias else logits
 
 
 def vision_transformer(p: Params, images: np.ndarray, config) -> np.ndarray:

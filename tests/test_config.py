@@ -28,7 +28,7 @@ BAD = [
   (
     dict(activation="tanh"),
     "activation",
-    "must be one of relu, gelu, gelu_tanh, swiglu, geglu, geglu_tanh",
+    "must be one of relu, gelu, gelu_tanh, silu, swiglu, geglu, geglu_tanh",
   ),
   (dict(family="rnn"), "family", "must be one of"),
   (dict(attention_impl="flash"), "attention_impl", "must be one of xla, jax, chunked"),
@@ -108,6 +108,24 @@ BAD = [
   (dict(VIT, position="sinusoidal", d_model=18, num_heads=2), "position", "divisible by 4"),
   (dict(VIT, max_len=16), "max_len", "must be >= 17 image tokens"),
   (dict(type_vocab_size=2), "type_vocab_size", "for the encoder family"),
+  (dict(final_logits_bias=True), "final_logits_bias", "is a seq2seq option"),
+  (dict(family="seq2seq", decoder_start_id=256), "decoder_start_id", "[0, vocab_size=256)"),
+  (dict(decoder_start_id=2), "decoder_start_id", "is a seq2seq option"),
+  (dict(sinusoidal_layout="split"), "sinusoidal_layout", "needs position='sinusoidal'"),
+  (dict(position="sinusoidal", sinusoidal_layout="halves"), "sinusoidal_layout", "interleaved"),
+  (dict(norm="rmsnorm", norm_bias=False), "norm_bias", "needs norm='layernorm'"),
+  (dict(norm_bias=1), "norm_bias", "must be True or False"),
+  (
+    dict(first_layer_attention_norm=False, norm_position="post"),
+    "first_layer_attention_norm",
+    "needs norm_position='pre'",
+  ),
+  (dict(first_layer_attention_norm=False, scan_layers=True), "first_layer_attention_norm", "scan"),
+  (dict(embed_norm=True), "embed_norm", "option, got family='decoder'"),
+  (dict(family="encoder", embed_norm=True, norm_position="post"), "embed_norm", "implied by"),
+  (dict(head_bias=False), "head_bias", "is an encoder head option"),
+  (dict(family="seq2seq", mlm_output_bias=False), "mlm_output_bias", "encoder head option"),
+  (dict(family="encoder", pooler_activation="relu"), "pooler_activation", "tanh, gelu_norm"),
 ]
 
 

@@ -23,7 +23,8 @@ from transformer import convert
 from transformer.convert import dinov2
 from transformer.nn import partitioning
 from transformer.nn.config import ModelConfig
-from transformer.nn.models import check, param_count
+from transformer.nn.models import build_model, check, param_count
+from transformer.train import experiment, finetune
 
 DEIT, DINOV2 = "DeiTForImageClassificationWithTeacher", "Dinov2ForImageClassification"
 SWIGLU = f"{DINOV2}-swiglu"  # DINOv2 giant's feed-forward, at the tiny size
@@ -176,6 +177,7 @@ def test_dinov2_at_another_image_size_matches_hf(saved_size, size, tmp_path):
   bf16 = convert.load(path, image_size=size, max_len=tokens, dtype="bfloat16")
   bound = 2e-2 * max(1.0, np.abs(want).max())
   np.testing.assert_allclose(parity._our_logits(DINOV2, *bf16, x), want, atol=bound, rtol=0)
+  assert convert.load(path, image_size=size)[0] == config  # max_len follows the patch grid
   convert.save(tmp_path / "out", config, params, DINOV2)
   reloaded = transformers.Dinov2ForImageClassification.from_pretrained(tmp_path / "out").eval()
   assert reloaded.config.image_size == size
@@ -183,6 +185,35 @@ def test_dinov2_at_another_image_size_matches_hf(saved_size, size, tmp_path):
   config2, params2 = convert.load(tmp_path / "out")
   assert config2 == config
   jax.tree.map(np.testing.assert_array_equal, params2, params)
+
+
+def _image_run(path, field: str, size: int):
+  """A config starting from the directory `path` with `config.{field}.image_size=size`."""
+  config = experiment.default_config()
+  config.init_from = f"hf:{path}"
+  config.data.update(kind="image", source="sklearn_digits", tokenizer="none")
+  config.model.num_classes = 3  # the checkpoints' head
+  config[field].image_size = size
+  return config
+
+
+@pytest.mark.parametrize("field", ["data", "model"])
+def test_a_run_at_another_image_size_starts_from_hfs_model_at_that_size(field, checkpoints):
+  """`init_from='hf:DIR'` with 24 px images (DINOv2 saved at 16, patches of 4): the run's
+  model with the weights `load_init_from` copies gives HF's logits at 24, where HF
+  resamples its grid to the input. DeiT's table, not resampled, is refused in one line."""
+  model, path = checkpoints[DINOV2]
+  c = experiment.validate(_image_run(path, field, 24)).model
+  assert (c.image_size, c.max_len, c.num_classes) == (24, 37, 3)  # 6 x 6 patches + [CLS]
+  x = {"images": np.random.default_rng(2).normal(size=(parity.B, 24, 24, 3)).astype(np.float32)}
+  fresh = jax.jit(build_model(c).init)(jax.random.key(0), x["images"][:1])["params"]
+  params = finetune.load_init_from(f"hf:{path}", fresh, image_size=c.image_size)
+  ours = parity._our_logits(DINOV2, c, {"params": params}, x)
+  np.testing.assert_allclose(ours, parity._hf_logits(DINOV2, model, x), atol=1e-4, rtol=0)
+
+  message = _one_line_error(experiment.validate, _image_run(checkpoints[DEIT][1], field, 24))
+  assert f"config.{field}.image_size=24: differs from the checkpoint's image_size=16" in message
+  assert message.endswith(": use 16"), message
 
 
 def test_new_parameters_have_sharding_rules(checkpoints):
@@ -253,7 +284,11 @@ def test_converter_refusals_are_one_line(checkpoints, tmp_path):
     assert what in _one_line_error(convert.load, bad)
   # Only DINOv2's table is resampled (HF's DeiT needs interpolate_pos_encoding=True).
   message = _one_line_error(convert.load, deit_path, image_size=24, max_len=38)
-  assert "'deit.embeddings.position_embeddings' has shape [1, 18, 32]" in message
+  assert "load: image_size=24 differs from the checkpoint's 16, and " in message
+  assert f"{DEIT} does not resample its learned positions: use 16" in message
+  # A ViT's max_len moves with its patch grid only: at the same image_size it is refused.
+  message = _one_line_error(convert.load, dinov2_path, max_len=37)
+  assert "load: max_len=37 differs from the checkpoint's 17 learned positions" in message
 
   deit, deit_params = convert.load(deit_path)
   dino, dino_params = convert.load(dinov2_path)

@@ -30,7 +30,7 @@ from transformer.train import experiment, losses, setup
 from transformer.train import loop as train_lib
 from transformer.train import pretrained as pretrained_lib
 
-FAMILIES = ("gpt2", "bert", "llama", "t5", "vit")
+FAMILIES = ("gpt2", "bert", "llama", "t5", "vit", "dinov2")
 CHAT = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}{% endfor %}me:"
 
 
@@ -149,12 +149,35 @@ def test_runtime_fields_and_max_len_may_be_set(gpt2_dir):
     experiment.validate(config)
 
 
+def test_a_vit_at_another_image_size_fails_in_one_line(script, tmp_path):
+  """ViT's learned positions are not resampled: a run's images of another size than the
+  checkpoint's are refused before anything is built, naming the field that set the size."""
+  path = script.make("vit", tmp_path / "vit")
+  where = f"config.init_from='hf:{path}'"
+  for field in ("data", "model"):
+    config = tiny("finetune_vit_digits", init_from=f"hf:{path}")
+    config.data.image_size = None
+    config[field].image_size = 48
+    with pytest.raises(ValueError) as e:
+      experiment.validate(config)
+    assert str(e.value) == (
+      f"config.{field}.image_size=48: differs from the checkpoint's image_size=32, whose "
+      f"learned positions are not resampled ({where}): use 32"
+    )
+  config = tiny("vit_digits")  # trained from scratch: the images must be the model's size
+  config.data.image_size = 16
+  with pytest.raises(
+    ValueError, match=r"^config\.data\.image_size=16: must be model\.image_size=8$"
+  ):
+    experiment.validate(config)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_the_script_writes_directories_that_load(script, family, tmp_path):
   path = script.make(family, tmp_path / family, texts=script.corpus(60))
   cfg, params = convert.load(path)
   assert cfg.d_model == 32 and jax.tree.leaves(params)
-  if family != "vit":
+  if family in script.TOKENIZERS:
     tok = pretrained.from_pretrained_dir(path)
     assert tok.vocab_size == cfg.vocab_size
     assert tok.decode(tok.encode("First Citizen")).replace(" ", "").lower() == "firstcitizen"

@@ -122,6 +122,18 @@ def test_decoder_lm_matches_reference(tiny_config, random_params, jit_apply, nam
   np.testing.assert_allclose(logits, expected, **TOL)
 
 
+MODERNBERT = dict(
+  position="rope",
+  activation="geglu",
+  use_bias=False,
+  norm_bias=False,
+  embed_norm=True,
+  first_layer_attention_norm=False,
+  sliding_window=3,
+  local_global_pattern="GLL",
+  rope_local_theta=100.0,
+  num_layers=3,
+)
 ENCODER_CASES = {
   # BERT: post-LN with embedding LayerNorm, token types, untied output.
   "bert-post-types-untied": dict(norm_position="post", type_vocab_size=2, tie_embeddings=False),
@@ -131,6 +143,12 @@ ENCODER_CASES = {
   "cls-relative_t5-gqa": dict(num_classes=3, position="relative_t5", num_kv_heads=2),
   "mean-shaw-post-types": dict(
     num_classes=3, pooling="mean", position="relative_shaw", norm_position="post", type_vocab_size=3
+  ),
+  # ModernBERT: bias-free LayerNorms and heads, an embedding norm under pre-LN, layer 0's
+  # attention un-normed, GeGLU, a global layer then two local ones with their own RoPE base.
+  "modernbert-mlm": dict(**MODERNBERT, head_bias=False, mlm_output_bias=False),
+  "modernbert-mean-gelu-norm-pooler": dict(
+    **MODERNBERT, num_classes=3, pooling="mean", pooler_activation="gelu_norm"
   ),
 }
 

@@ -119,6 +119,8 @@ def _random_config(seed: int) -> ModelConfig:
       num_classes=int(pick([0, 0, 5])),
       pooling=pick(config_lib.POOLINGS),
     )
+  if family == "seq2seq":  # BART's embedding norms and logits bias
+    fields.update(embed_norm=bool(rng.integers(2)), final_logits_bias=bool(rng.integers(2)))
   experts = int(pick([0, 0, 2, 4]))  # mixture of experts on every moe_every-th layer
   if experts:
     fields.update(
@@ -144,3 +146,34 @@ def test_random_options_cover_every_family_and_position_pair():
   vit = {("vit", p) for p in ("learned", "sinusoidal", "none")}
   other = {(f, p) for f in ("encoder", "decoder", "seq2seq") for p in _POSITIONS}
   assert seen == vit | other
+
+
+# ModernBERT's options, each of which removes or adds parameters: bias-free LayerNorms, an
+# embedding norm under pre-LN, layer 0 without its attention norm (in every family's
+# stacks), bias-free heads, no MLM output bias, the pooler's GELU + norm.
+NORM_AND_HEAD_OPTIONS = {
+  "modernbert-mlm": dict(
+    family="encoder", norm_bias=False, embed_norm=True, first_layer_attention_norm=False,
+    head_bias=False, mlm_output_bias=False, activation="geglu", use_bias=False,
+  ),
+  "modernbert-classifier": dict(
+    family="encoder", num_classes=3, norm_bias=False, embed_norm=True, head_bias=False,
+    first_layer_attention_norm=False, pooler_activation="gelu_norm",
+  ),
+  "untied-mlm-biased-norms": dict(family="encoder", tie_embeddings=False, embed_norm=True),
+  "decoder-first-norm": dict(family="decoder", first_layer_attention_norm=False, norm_bias=False),
+  "seq2seq-first-norm": dict(family="seq2seq", first_layer_attention_norm=False),
+}  # fmt: skip
+BASE_NORMS_AND_HEADS = dict(  # the defaults: each case above counts otherwise
+  norm_bias=True, embed_norm=False, first_layer_attention_norm=True, head_bias=True,
+  mlm_output_bias=True, pooler_activation="tanh",
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(NORM_AND_HEAD_OPTIONS))
+def test_analytic_count_equals_real_count_for_norm_and_head_options(name):
+  c = ModelConfig(
+    vocab_size=50, d_model=32, num_heads=4, num_layers=3, d_ff=48, **NORM_AND_HEAD_OPTIONS[name]
+  )
+  assert param_count(c) == real_param_count(c), c
+  assert param_count(c) != param_count(ModelConfig(**{**c.to_dict(), **BASE_NORMS_AND_HEADS}))

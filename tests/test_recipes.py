@@ -37,6 +37,7 @@ TINY_GPT2 = str(TINY_HF / "gpt2")
 TINY_BERT, TINY_LLAMA = str(TINY_HF / "bert"), str(TINY_HF / "llama")
 TINY_T5, TINY_VIT = str(TINY_HF / "t5"), str(TINY_HF / "vit")
 TINY_MIXTRAL, TINY_GEMMA2 = str(TINY_HF / "mixtral"), str(TINY_HF / "gemma2")
+TINY_DINOV2, TINY_MARIAN = str(TINY_HF / "dinov2"), str(TINY_HF / "marian")
 
 # config file stem -> (documented args, data overrides, model overrides) for the tiny run.
 RECIPES: dict[str, tuple[tuple, dict, dict]] = {
@@ -64,7 +65,9 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "finetune_mixtral_shakespeare": ((TINY_MIXTRAL,), {}, {}),  # hf: MixtralForCausalLM (MoE)
   "finetune_gemma2_shakespeare": ((TINY_GEMMA2,), {}, {}),  # hf: Gemma2ForCausalLM
   "finetune_t5_en_es": ((TINY_T5,), {}, {}),  # hf: T5ForConditionalGeneration
+  "finetune_marian_en_es": ((TINY_MARIAN,), {}, {}),  # hf: MarianMTModel (Opus-MT)
   "finetune_vit_digits": ((TINY_VIT,), {}, {"max_len": 5}),  # hf: 4 patches + [CLS]
+  "finetune_dinov2_digits": ((TINY_DINOV2,), {}, {"max_len": 10}),  # hf: 28 px trained at 42
 }
 # Configs whose data is a standard TFDS dataset: they train two steps on
 # `tfds.testing.mock_data` in tests/test_tfds_configs.py (`TFDS_CONFIGS` checked below).
@@ -86,7 +89,8 @@ def tiny_hf_dirs():
   """The Hugging Face directories the `hf:` recipes start from."""
   script = make_tiny_hf()
   texts = script.corpus(60)  # tokenizers in seconds
-  for path in (TINY_GPT2, TINY_BERT, TINY_LLAMA, TINY_MIXTRAL, TINY_GEMMA2, TINY_T5, TINY_VIT):
+  dirs = (TINY_GPT2, TINY_BERT, TINY_LLAMA, TINY_MIXTRAL, TINY_GEMMA2, TINY_T5, TINY_VIT)
+  for path in (*dirs, TINY_DINOV2, TINY_MARIAN):
     script.make(Path(path).name, path, texts=texts)
   yield
   shutil.rmtree(TINY_HF, ignore_errors=True)

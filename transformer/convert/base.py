@@ -52,6 +52,11 @@ class Converter:
   base_prefix: the backbone's key prefix ('transformer.'), which checkpoints saved from
     the bare backbone (e.g. the original `gpt2`) leave out.
   init_inputs: example inputs of the model's `init` (shapes only; default tokens [1, 1]).
+  swapped_pad: config.json -> the checkpoint's PAD id, whose embedding rows (and logits)
+    import swaps with id 0's so that our PAD is 0, and which the directory's tokenizer
+    swaps the same way (`convert.tokenizers`); 0 = nothing swapped.
+  resamples_positions: `rules` resample the learned position table to the config's
+    `image_size` (DINOv2), so the checkpoint loads at another image size.
   """
 
   architecture: str
@@ -63,6 +68,8 @@ class Converter:
   init_inputs: Callable[[ModelConfig], tuple[np.ndarray, ...]] = lambda c: (
     np.zeros((1, 1), np.int32),  # tokens [B, T]
   )
+  swapped_pad: Callable[[Mapping[str, Any]], int] = lambda hf: 0
+  resamples_positions: bool = False
 
 
 def unsupported(architecture: str, option: str, value: Any, supported: Iterable[Any]) -> NoReturn:
@@ -98,6 +105,28 @@ def num_labels(hf: Mapping[str, Any]) -> int:
   if hf.get("id2label"):
     return len(hf["id2label"])
   return int(hf.get("num_labels", 2))
+
+
+LAYER_KINDS = {"sliding_attention": "L", "full_attention": "G"}  # HF layer_types -> ours
+
+
+def layer_pattern(architecture: str, types: list[str], layers: int) -> str:
+  """`ModelConfig.local_global_pattern` of HF's `layer_types` (one kind per layer): the
+  shortest period of the layers' kinds ('LLLLLG' for Gemma 3, 'GLL' for ModernBERT)."""
+  if set(types) - set(LAYER_KINDS) or len(types) != layers:
+    unsupported(architecture, "layer_types", types, (f"{layers} of {', '.join(LAYER_KINDS)}",))
+  kinds = "".join(LAYER_KINDS[t] for t in types)
+  period = next(
+    p for p in range(1, layers + 1) if all(kinds[i] == kinds[i % p] for i in range(layers))
+  )
+  return kinds[:period]
+
+
+def layer_types(c: ModelConfig) -> list[str]:
+  """HF's `layer_types` of a config (export): 'full_attention' or 'sliding_attention'."""
+  return [
+    "full_attention" if c.is_global_layer(i) else "sliding_attention" for i in range(c.num_layers)
+  ]
 
 
 # Rule builders. `ours` and `hf` are prefixes: 'decoder/layer_0/ffn/wi', 'h.0.mlp.c_fc'.
@@ -211,6 +240,15 @@ PLAIN = {
   "rope_local_theta": None,
   "attention_softcap": None,
   "logits_softcap": None,
+  "norm_bias": True,
+  "embed_norm": False,
+  "first_layer_attention_norm": True,
+  "head_bias": True,
+  "mlm_output_bias": True,
+  "pooler_activation": "tanh",
+  "sinusoidal_layout": "interleaved",
+  "final_logits_bias": False,
+  "decoder_start_id": 0,
 }
 
 

@@ -9,8 +9,8 @@ gate (our wi_0) then the up projection (wi_1). The classifier reads concat([CLS]
 the patch tokens) (`pooling='cls_mean'`).
 
 Image size: HF's model resamples its patch position grid to any input size (bicubic,
-`interpolate_pos_encoding`). Loading with `image_size=S` (and `max_len` >= (S / P)^2 + 1)
-resamples the table once, in NumPy, as PyTorch's `interpolate(mode='bicubic',
+`interpolate_pos_encoding`). Loading with `image_size=S` (`max_len` becomes (S / P)^2 + 1
+unless given) resamples the table once, in NumPy, as PyTorch's `interpolate(mode='bicubic',
 align_corners=False)` does, so the model at S gives HF's logits at S. The `mask_token`
 (masked pretraining only) is not read, and export writes `use_mask_token=False`.
 """
@@ -188,6 +188,13 @@ def rules(c: ModelConfig) -> list[Rule]:
 
 CONVERTERS = {
   ARCHITECTURE: Converter(
-    ARCHITECTURE, "dinov2", config_from_hf, config_to_hf, rules, PREFIX, vit.init_inputs
+    ARCHITECTURE,
+    "dinov2",
+    config_from_hf,
+    config_to_hf,
+    rules,
+    PREFIX,
+    vit.init_inputs,
+    resamples_positions=True,
   ),
 }

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from transformer.convert import llama
-from transformer.convert.base import Converter, require, unsupported
+from transformer.convert.base import Converter, layer_pattern, layer_types, require, unsupported
 from transformer.nn.config import ModelConfig
 
 ARCHITECTURE = "GemmaForCausalLM"
@@ -65,7 +65,6 @@ CONVERTERS = {
 
 GEMMA2 = "Gemma2ForCausalLM"
 GEMMA3 = "Gemma3ForCausalLM"
-KINDS = {"sliding_attention": "L", "full_attention": "G"}
 
 
 def _pattern(hf: Mapping[str, Any], a: str, default_period: int) -> str:
@@ -76,19 +75,7 @@ def _pattern(hf: Mapping[str, Any], a: str, default_period: int) -> str:
   if types is None:
     period = hf.get("sliding_window_pattern", hf.get("_sliding_window_pattern", default_period))
     return "L" * (period - 1) + "G"
-  if set(types) - set(KINDS) or len(types) != layers:
-    unsupported(a, "layer_types", types, (f"{layers} of {', '.join(KINDS)}",))
-  kinds = "".join(KINDS[t] for t in types)
-  period = next(
-    p for p in range(1, layers + 1) if all(kinds[i] == kinds[i % p] for i in range(layers))
-  )
-  return kinds[:period]
-
-
-def _layer_types(c: ModelConfig) -> list[str]:
-  return [
-    "full_attention" if c.is_global_layer(i) else "sliding_attention" for i in range(c.num_layers)
-  ]
+  return layer_pattern(a, types, layers)
 
 
 def _softcaps(hf: Mapping[str, Any]) -> dict[str, Any]:
@@ -123,7 +110,7 @@ def _sandwich_to_hf(c: ModelConfig, model_type: str) -> dict[str, Any]:
   out["query_pre_attn_scalar"] = (
     round(scalar) if abs(scalar - round(scalar)) < 1e-9 * scalar else scalar
   )
-  out |= {"sliding_window": c.sliding_window, "layer_types": _layer_types(c)}
+  out |= {"sliding_window": c.sliding_window, "layer_types": layer_types(c)}
   return out | {
     "attn_logit_softcapping": c.attention_softcap,
     "final_logit_softcapping": c.logits_softcap,

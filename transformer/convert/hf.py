@@ -172,7 +172,10 @@ def load(path: str | epath.PathLike, **changes: Any) -> tuple[ModelConfig, dict[
   The parameters are NumPy float32 arrays at the paths `model.init` gives, so
   `build_model(config).apply(params, ...)` runs the checkpoint. `changes` replace
   ModelConfig fields that do not change the parameters (dtype='bfloat16',
-  attention_impl, scan_layers=False only, ...).
+  attention_impl, scan_layers=False only, ...), and a ViT's `image_size` where the
+  converter resamples its position table (DINOv2; `max_len` then follows the patch grid).
+  A `max_len` other than the checkpoint's over learned positions is refused unless the
+  `image_size` changes too.
   """
   hf_config = read_config(path)
   architectures = hf_config.get("architectures") or [None]
@@ -185,8 +188,12 @@ def load(path: str | epath.PathLike, **changes: Any) -> tuple[ModelConfig, dict[
     raise ValueError(f"{path}/{CONFIG}: lacks {e} (needed by {converter.architecture})") from e
   if changes.get("scan_layers"):
     raise ValueError("load: scan_layers=True is not supported (the layers are unrolled)")
+  image = fields.get("image_size")
+  resized = fields["family"] == "vit" and changes.get("image_size", image) != image
+  if resized:
+    changes = _at_image_size(fields, changes, converter)
   length = changes.get("max_len", fields["max_len"])
-  if length != fields["max_len"] and fields["position"] == "learned" and fields["family"] != "vit":
+  if length != fields["max_len"] and fields["position"] == "learned" and not resized:
     raise ValueError(  # which rows a shorter table keeps is the caller's call (fine-tuning: first)
       f"load: max_len={length} differs from the checkpoint's {fields['max_len']} learned "
       "positions; load it as it is, then cut the table"
@@ -195,6 +202,23 @@ def load(path: str | epath.PathLike, **changes: Any) -> tuple[ModelConfig, dict[
   tensors = read_tensors(path)
   params = convert_from_hf(tensors, config, converter)
   return config, {"params": flax.traverse_util.unflatten_dict(params, sep="/")}
+
+
+def _at_image_size(
+  fields: dict[str, Any], changes: dict[str, Any], converter: Converter
+) -> dict[str, Any]:
+  """`changes` loading a ViT at another `image_size`, with `max_len` its patch grid plus
+  the checkpoint's prefix tokens ([CLS], ...) unless given; refused in one line unless the
+  converter resamples the learned position table (DINOv2)."""
+  size, saved = changes["image_size"], fields["image_size"]
+  if fields["position"] == "learned" and not converter.resamples_positions:
+    raise ValueError(
+      f"load: image_size={size} differs from the checkpoint's {saved}, and "
+      f"{converter.architecture} does not resample its learned positions: use {saved}"
+    )
+  patch = fields["patch_size"]
+  prefix = fields["max_len"] - (saved // patch) ** 2
+  return {"max_len": (size // patch) ** 2 + prefix, **changes}
 
 
 def convert_from_hf(

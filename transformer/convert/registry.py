@@ -6,6 +6,7 @@ A new architecture is a module with a `CONVERTERS` dict and one entry in `MODULE
 from __future__ import annotations
 
 from transformer.convert import (
+  bart,
   bert,
   deit,
   dinov2,
@@ -13,7 +14,9 @@ from transformer.convert import (
   gpt2,
   gpt_neox,
   llama,
+  marian,
   mixtral,
+  modernbert,
   olmo2,
   phi3,
   qwen3,
@@ -27,6 +30,7 @@ MODULES = (
   gpt2,
   bert,
   roberta,
+  modernbert,
   vit,
   deit,
   dinov2,
@@ -38,6 +42,8 @@ MODULES = (
   phi3,
   gpt_neox,
   t5,
+  bart,
+  marian,
 )
 
 ARCHITECTURES: dict[str, Converter] = {

@@ -26,8 +26,12 @@ class Source:
   prefix: str  # 'hf:' | 'bv:'
   describe: Callable[[str], tuple[dict[str, Any], bool]]  # path -> (ModelConfig fields, brings
   # its tokenizer)
-  load: Callable[[str], tuple[int, Any]]  # path -> (its classes, 0 if none; its 'params' tree)
+  # (path, the run's image size or None: the checkpoint's) -> (its classes, 0 if none; its
+  # 'params' tree)
+  load: Callable[..., tuple[int, Any]]
   locate: Callable[[str], str] = lambda path: path  # the path as named -> the one to read
+  # path -> whether it loads at another image size (its learned positions resampled)
+  resamples: Callable[[str], bool] = lambda path: False
 
 
 def _hf_describe(path: str) -> tuple[dict[str, Any], bool]:
@@ -43,11 +47,18 @@ def _hf_describe(path: str) -> tuple[dict[str, Any], bool]:
   return fields, any((root / name).exists() for name in pretrained.SOURCE_FILES)
 
 
-def _hf_load(path: str) -> tuple[int, Any]:
+def _hf_load(path: str, image_size: int | None = None) -> tuple[int, Any]:
   from transformer.convert import hf
 
-  config, params = hf.load(path)
+  config, params = hf.load(path, **({} if image_size is None else {"image_size": image_size}))
   return config.num_classes, params["params"]
+
+
+def _hf_resamples(path: str) -> bool:
+  from transformer.convert import hf, registry
+
+  architecture = (hf.read_config(path).get("architectures") or [None])[0]
+  return registry.get(architecture, "architectures").resamples_positions
 
 
 def _bv_describe(path: str) -> tuple[dict[str, Any], bool]:
@@ -56,10 +67,15 @@ def _bv_describe(path: str) -> tuple[dict[str, Any], bool]:
   return big_vision.config_fields(path), False
 
 
-def _bv_load(path: str) -> tuple[int, Any]:
+def _bv_load(path: str, image_size: int | None = None) -> tuple[int, Any]:
   from transformer.convert import big_vision
 
   fields, params = big_vision.load_params(path)
+  if image_size not in (None, fields["image_size"]):
+    raise ValueError(
+      f"image_size={image_size} differs from the checkpoint's {fields['image_size']}, whose "
+      f"learned positions are not resampled: use {fields['image_size']}"
+    )
   return fields["num_classes"] or 0, params["params"]
 
 
@@ -69,7 +85,7 @@ def _hf_locate(path: str) -> str:
   return hub.local_dir(path)
 
 
-HF = Source("hf:", _hf_describe, _hf_load, functools.cache(_hf_locate))
+HF = Source("hf:", _hf_describe, _hf_load, functools.cache(_hf_locate), _hf_resamples)
 BIG_VISION = Source("bv:", _bv_describe, _bv_load)
 SOURCES = (HF, BIG_VISION)
 

@@ -19,6 +19,12 @@ ValueError naming it when a pipeline asks for it, and `specials` lists what exis
 so the paths that assume that block (masked-LM corruption, span-corruption sentinels) are
 refused rather than fed wrong ids.
 
+Swapped ids: where the directory's config.json names an architecture whose converter
+swaps the checkpoint's PAD id with id 0 (`Converter.swapped_pad`: BART's PAD 1, Marian's
+V - 1, so that our PAD is 0), the tokenizer swaps the same two ids, in `encode`, `decode`,
+the pieces and the special ids, and reports the model's ids (BART: PAD 0, BOS 1, EOS 2;
+Marian: PAD 0, EOS V - 1).
+
 `encode` adds no special tokens (the pipelines add them); `decode` drops special tokens,
 as the source library does with `skip_special_tokens=True`. `save` writes one JSON file
 (kind 'pretrained': the source file's bytes, the special ids) that `load_tokenizer` reads
@@ -37,7 +43,7 @@ from typing import Any, Protocol
 import numpy as np
 from etils import epath
 
-from transformer.convert import chat
+from transformer.convert import chat, registry
 from transformer.data import tokenizers as project_tokenizers
 from transformer.data.files import write_atomic
 from transformer.data.tokenizers import Tokenizer
@@ -184,11 +190,19 @@ class PretrainedTokenizer(Tokenizer):
       self._backend = _SentencePiece(proto, int(saved["extra_ids"]))
     else:
       raise ValueError(f"{self.name}: unknown tokenizer backend {saved['backend']!r}")
-    specials = saved["specials"]
+    # Our id <-> the source's: the checkpoint's PAD and 0 trade places (its own inverse).
+    self._swap = np.arange(self._backend.vocab_size)  # [V]
+    pad = int(saved.get("swapped_pad", 0))
+    if not 0 <= pad < self._backend.vocab_size:
+      raise ValueError(
+        f"{self.name}: swapped_pad={pad} is outside the tokenizer's {self._backend.vocab_size} ids"
+      )
+    self._swap[[0, pad]] = [pad, 0]
+    specials = {r: None if i is None else int(self._swap[i]) for r, i in saved["specials"].items()}
     self.specials: dict[str, int | None] = {r: specials.get(r) for r in ROLES}
-    self.sentinels: tuple[int, ...] = tuple(saved["sentinels"])  # id of <extra_id_k>
+    self.sentinels: tuple[int, ...] = tuple(int(self._swap[i]) for i in saved["sentinels"])
     special_ids = {i for i in self.specials.values() if i is not None} | set(self.sentinels)
-    special_ids |= set(saved.get("added_special_ids", ()))
+    special_ids |= {int(self._swap[i]) for i in saved.get("added_special_ids", ())}
     self._special = np.zeros(self.vocab_size, bool)  # [V] ids that never begin a word
     self._special[sorted(special_ids)] = True
     self._starts = np.array([self._begins_word(i) for i in range(self.vocab_size)], bool)
@@ -200,7 +214,7 @@ class PretrainedTokenizer(Tokenizer):
     self.__init__(state["saved"])
 
   def _begins_word(self, i: int) -> bool:
-    piece = self._backend.piece(i)
+    piece = self.id_to_piece(i)
     prefix = self._backend.wordpiece_prefix
     if prefix is not None:
       return not piece.startswith(prefix)
@@ -247,16 +261,16 @@ class PretrainedTokenizer(Tokenizer):
     return self._backend.vocab_size
 
   def encode_array(self, text: str) -> np.ndarray:
-    return np.asarray(self._backend.encode(text), np.int32)
+    return self._swap[np.asarray(self._backend.encode(text), np.int64)].astype(np.int32)
 
   def encode(self, text: str) -> list[int]:
-    return list(self._backend.encode(text))
+    return self.encode_array(text).tolist()
 
   def decode(self, ids: Iterable[int]) -> str:
-    return self._backend.decode([int(i) for i in ids])
+    return self._backend.decode([int(self._swap[int(i)]) for i in ids])
 
   def id_to_piece(self, i: int) -> str:
-    return self._backend.piece(int(i))
+    return self._backend.piece(int(self._swap[int(i)]))
 
   def word_starts(self, ids: np.ndarray) -> np.ndarray:
     ids = np.asarray(ids)
@@ -325,9 +339,24 @@ def from_pretrained_dir(path: str | os.PathLike) -> PretrainedTokenizer:
   sentinels = []
   while (i := backend.id_of(f"<extra_id_{len(sentinels)}>")) is not None:
     sentinels.append(i)
-  saved |= {"specials": specials, "sentinels": sentinels}
+  saved |= {"specials": specials, "sentinels": sentinels, "swapped_pad": _swapped_pad(root)}
   saved["chat_template"] = chat.read_template(root, config)
   return PretrainedTokenizer(saved)
+
+
+def _swapped_pad(root: epath.Path) -> int:
+  """The id the model converter of the directory's config.json swaps with 0 (0: none, or
+  no config.json / an architecture without a converter)."""
+  file = root / "config.json"
+  if not file.exists():
+    return 0
+  try:
+    config = json.loads(file.read_text(encoding="utf-8"))
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{file}: not a JSON file: {e}") from None
+  architecture = (config.get("architectures") or [None])[0]
+  converter = registry.ARCHITECTURES.get(architecture)
+  return 0 if converter is None else int(converter.swapped_pad(config))
 
 
 def load_saved(data: Mapping[str, Any], path: epath.Path) -> PretrainedTokenizer:

@@ -10,8 +10,9 @@ logits of its last column; the loop then feeds each new token at the row's expli
 position. Every row's last prompt token sits in column P - 1, so all rows share the cache
 index, and the longest prompt bounds the batch: P + new tokens <= config.max_len.
 
-`seq2seq_start` encodes the sources once and prefills the decoder with PAD at position 0
-(the start token, as `shift_right` does in training) together with the encoder output:
+`seq2seq_start` encodes the sources once and prefills the decoder with the start token
+`config.decoder_start_id` at position 0 (PAD 0 by default, as `shift_right` does in
+training; BART's EOS) together with the encoder output:
 each layer projects its cross-attention keys and values once into the cache; the steps
 pass no encoder output and read them there. They are [B * K, S, H] per layer, one per
 source: beam search shares them between a source's beams instead of repeating them.
@@ -186,7 +187,7 @@ def seq2seq_start(
   b, s = inputs.shape
   segments = (inputs != PAD_ID).astype(jnp.int32)  # [B, S]
   encoded = model.apply({"params": params}, inputs, segments, method="encode")  # [B, S, D]
-  start = jnp.full((b,), PAD_ID, jnp.int32)  # [B] T5: the decoder starts from PAD
+  start = jnp.full((b,), model.config.decoder_start_id, jnp.int32)  # [B] T5: PAD
   cache = init_cache(model, b, cache_length, s)
   prefill = seq2seq_step(model, params, segments, encoded)
   logits, cache = prefill(cache, start, jnp.zeros((b,), jnp.int32))  # [B, V]

@@ -37,13 +37,14 @@ def residual(
   config: ModelConfig,
   x: jax.Array,
   sublayer,
-  norm_name: str,
+  norm_name: str | None,
   deterministic: bool,
   scale: jax.Array | None = None,
 ):
   """Pre-LN: x + drop(f(norm(x))). Post-LN (Vaswani et al.): norm(x + drop(f(x))).
   Sandwich (Gemma 2 / 3): x + drop(norm2(f(norm1(x)))), norm2 named `norm_name`_post.
   Sublayer-post (OLMo 2): x + drop(norm(f(x))).
+  `norm_name` None (pre-LN only): x + drop(f(x)), no norm (ModernBERT's layer 0 attention).
   `scale`: the branch's layer scale [D] (`layer_scale_init`), applied to f's output (after
   norm2 / norm) before dropout and the add; None = none."""
 
@@ -51,7 +52,8 @@ def residual(
     return make_dropout(config)(layer_scaled(y, scale), deterministic=deterministic)
 
   if config.norm_position == "pre":
-    return x + branch(sublayer(make_norm(config, norm_name)(x)))
+    normed = x if norm_name is None else make_norm(config, norm_name)(x)
+    return x + branch(sublayer(normed))
   if config.norm_position == "sandwich":
     y = make_norm(config, f"{norm_name}_post")(sublayer(make_norm(config, norm_name)(x)))
     return x + branch(y)
@@ -66,11 +68,13 @@ class Block(nn.Module):
   `moe`: the feed-forward is a mixture of experts (`moe.MoEFeedForward`, named 'moe').
   With `layer_scale_init` set, each branch is multiplied by a learned [D] vector before the
   add ('self_attention_scale', 'cross_attention_scale', 'ffn_scale'; CaiT, DINOv2).
+  `attention_norm` False: pre-LN self-attention reads x itself (ModernBERT's layer 0).
   """
 
   config: ModelConfig
   cross_attention: bool = False
   moe: bool = False
+  attention_norm: bool = True
 
   @nn.compact
   def __call__(
@@ -106,7 +110,8 @@ class Block(nn.Module):
       fed = drop(layer_scaled(fed, layer_scale("ffn_scale")), deterministic)
       return constrain(x + attended + fed, ("batch", "length", "embed"))  # [B, T, D]
     scale = layer_scale("self_attention_scale")
-    x = residual(c, x, self_attention, "self_attention_norm", deterministic, scale)
+    norm_name = "self_attention_norm" if self.attention_norm else None
+    x = residual(c, x, self_attention, norm_name, deterministic, scale)
     if self.cross_attention:
 
       def cross_attention(h):
@@ -144,8 +149,9 @@ class _ScanBlock(nn.Module):
 
 
 class Stack(nn.Module):
-  """`num_layers` blocks (unrolled or nn.scan), the final norm for pre-LN, and the position
-  table the layers share (T5's relative bias)."""
+  """`num_layers` blocks (unrolled or nn.scan; layer 0 without its attention norm if
+  `first_layer_attention_norm` is False), the final norm for pre-LN, and the position table
+  the layers share (T5's relative bias)."""
 
   config: ModelConfig
   num_layers: int
@@ -183,21 +189,31 @@ class Stack(nn.Module):
         layer_args = args
         if c.is_global_layer(i) and info.window is not None:  # a global layer of a pattern
           layer_args = (info.replace(window=None), *args[1:])
-        layer = block(c.layer_config(i), self.cross_attention, c.is_moe_layer(i), name=f"layer_{i}")
+        attention_norm = i > 0 or c.first_layer_attention_norm
+        layer = block(
+          c.layer_config(i),
+          self.cross_attention,
+          c.is_moe_layer(i),
+          attention_norm,
+          name=f"layer_{i}",
+        )
         x = layer(x, *layer_args)
     if c.norm_position != "post":  # all but post-LN end in a final norm
       x = make_norm(c, "final_norm")(x)
     return x
 
 
-def shift_right(targets: jax.Array, segment_ids: jax.Array | None = None) -> jax.Array:
-  """Decoder inputs: targets shifted right by one, PAD (0) as start token (as in T5).
+def shift_right(
+  targets: jax.Array, segment_ids: jax.Array | None = None, start_id: int = 0
+) -> jax.Array:
+  """Decoder inputs: targets shifted right by one, `start_id` first (PAD 0 as in T5;
+  `ModelConfig.decoder_start_id`).
 
-  With packed segment ids the first token of every segment also starts from 0.
+  With packed segment ids the first token of every segment also starts from `start_id`.
   targets: [B, T] -> [B, T].
   """
-  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)), constant_values=start_id)[:, :-1]
   if segment_ids is not None:
     prev_seg = jnp.pad(segment_ids, ((0, 0), (1, 0)))[:, :-1]
-    shifted = jnp.where(segment_ids == prev_seg, shifted, 0)
+    shifted = jnp.where(segment_ids == prev_seg, shifted, start_id)
   return shifted

@@ -22,7 +22,7 @@ from transformer.nn.config_rules import fail, is_number
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post", "sandwich", "sublayer_post")
 QK_NORM_OVER = ("head", "projection")
-ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "swiglu", "geglu", "geglu_tanh")
+ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 ATTENTION_IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
 SPLASH_LANES = 128  # splash block sizes are multiples of the TPU lane count
@@ -87,7 +87,14 @@ class ModelConfig:
   norm_eps: float = 1e-5  # epsilon inside the norm
   parallel_residual: bool = False  # pre-LN x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX, GPT-J)
   norm_scale_plus_one: bool = False  # RMSNorm multiplies by (1 + scale), scale init 0 (Gemma)
-  activation: str = "gelu"  # relu | gelu | gelu_tanh (GPT-2) | swiglu | geglu | geglu_tanh (T5)
+  norm_bias: bool = True  # LayerNorm with a bias (False: scale only, ModernBERT's norm_bias)
+  embed_norm: bool = False  # encoder: a norm after the embeddings also when not post-LN
+  # (ModernBERT; post-LN encoders always have one); seq2seq: a norm after each stack's token +
+  # position embeddings (BART's layernorm_embedding)
+  first_layer_attention_norm: bool = True  # False: layer 0's attention reads its input un-normed
+  # (pre-LN; ModernBERT, whose embeddings are normed already)
+  activation: str = "gelu"  # relu | gelu | gelu_tanh (GPT-2) | silu (Marian) | swiglu | geglu |
+  # geglu_tanh (T5)
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2: True); None = use_bias
   qk_norm: bool = False  # RMSNorm of each query / key head over H (scale [H]), before RoPE
@@ -97,6 +104,10 @@ class ModelConfig:
   tie_embeddings: bool = True  # logits through the input embedding (`Embed.attend`)
   scale_logits: bool = False  # LM output hidden state * D**-0.5 before the logits (T5 v1.0)
   scale_embeddings: bool = False  # multiply token embeddings by sqrt(D) (Vaswani et al.)
+  sinusoidal_layout: str = "interleaved"  # sinusoidal: sin, cos features interleaved
+  # (Vaswani et al.) | split (sines in the first half, cosines in the second: Marian)
+  final_logits_bias: bool = False  # seq2seq: a learned [V] bias added to the logits (BART)
+  decoder_start_id: int = 0  # seq2seq: the decoder's first input (T5, Marian: PAD 0; BART: EOS)
   type_vocab_size: int = 0  # encoder segment (token type) embeddings; 0 = none
   num_classes: int = 0  # classifier classes (encoder classification, ViT)
   image_size: int = 224  # ViT input height = width in pixels
@@ -104,6 +115,10 @@ class ModelConfig:
   num_channels: int = 3  # ViT input channels
   pooling: str = "cls"  # ViT / classifier pooling: cls token, mean over positions, or
   # cls_mean (ViT only: concat([CLS], mean of the patch tokens), DINOv2's head)
+  head_bias: bool = True  # encoder heads: a bias on the MLM transform / pooler dense layer
+  mlm_output_bias: bool = True  # MLM logits + a learned [V] bias (ModernBERT: decoder_bias)
+  pooler_activation: str = "tanh"  # after the pooler's dense: tanh (BERT) | gelu_norm (GELU,
+  # then a norm 'pooler_norm': ModernBERT's classifier head)
   vit_distillation_token: bool = False  # DeiT: a second learned token after [CLS] with its
   # own head; the logits are the mean of the two heads' (Touvron et al. 2021)
   layer_scale_init: float | None = None  # each residual branch times a learned [D] vector
@@ -275,3 +290,5 @@ def _validate(c: ModelConfig) -> None:
   rules.validate_moe(c)
   rules.validate_lora(c)
   rules.validate_vision(c)
+  rules.validate_seq2seq(c)
+  rules.validate_norms_and_heads(c)

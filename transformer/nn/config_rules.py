@@ -1,5 +1,5 @@
 """`ModelConfig`'s rules for its option groups (RoPE scaling, layer patterns, MoE, LoRA,
-vision), and `fail`, the one-line error every rule raises.
+vision, norms and encoder heads), and `fail`, the one-line error every rule raises.
 
 `config.ModelConfig.__post_init__` calls them; each family's, position's and kernel's own
 rules live with that module (`models.check`). This module imports nothing from the
@@ -126,3 +126,60 @@ def validate_vision(c: Any) -> None:
   scale = c.layer_scale_init
   if scale is not None and not (is_number(scale) and abs(scale) < float("inf")):
     fail("layer_scale_init", scale, "must be a finite number, or None (no layer scale)")
+
+
+POOLER_ACTIVATIONS = ("tanh", "gelu_norm")
+ENCODER_HEAD_DEFAULTS = {"head_bias": True, "mlm_output_bias": True, "pooler_activation": "tanh"}
+BOOL_HEAD_FIELDS = ("head_bias", "mlm_output_bias")
+
+
+def validate_norms_and_heads(c: Any) -> None:
+  """The norm options (LayerNorm bias, the encoder's embedding norm, layer 0's attention
+  norm) and the encoder heads' options (ModernBERT's)."""
+  for field in ("norm_bias", "embed_norm", "first_layer_attention_norm", *BOOL_HEAD_FIELDS):
+    if not isinstance(getattr(c, field), bool):
+      fail(field, getattr(c, field), "must be True or False")
+  if c.pooler_activation not in POOLER_ACTIVATIONS:
+    fail(
+      "pooler_activation", c.pooler_activation, f"must be one of {', '.join(POOLER_ACTIVATIONS)}"
+    )
+  if not c.norm_bias and c.norm != "layernorm":
+    fail("norm_bias", False, f"needs norm='layernorm' (RMSNorm has no bias), got {c.norm!r}")
+  if not c.first_layer_attention_norm and (
+    c.norm_position != "pre" or c.parallel_residual or c.scan_layers
+  ):
+    fail(
+      "first_layer_attention_norm",
+      False,
+      "needs norm_position='pre', parallel_residual=False and scan_layers=False",
+    )
+  if c.embed_norm and c.family not in ("encoder", "seq2seq"):
+    fail("embed_norm", True, f"is an encoder or seq2seq option, got family={c.family!r}")
+  if c.embed_norm and c.family == "encoder" and c.norm_position == "post":
+    fail("embed_norm", True, "is implied by norm_position='post' (post-LN always has one)")
+  for field, default in ENCODER_HEAD_DEFAULTS.items():
+    if getattr(c, field) != default and c.family != "encoder":
+      fail(field, getattr(c, field), f"is an encoder head option, got family={c.family!r}")
+
+
+SINUSOIDAL_LAYOUTS = ("interleaved", "split")
+
+
+def validate_seq2seq(c: Any) -> None:
+  """The encoder-decoder options: the logits bias, the decoder's start id, and the layout of
+  sinusoidal positions (any family)."""
+  if c.sinusoidal_layout not in SINUSOIDAL_LAYOUTS:
+    fail(
+      "sinusoidal_layout", c.sinusoidal_layout, f"must be one of {', '.join(SINUSOIDAL_LAYOUTS)}"
+    )
+  if c.sinusoidal_layout == "split" and (c.position != "sinusoidal" or c.family == "vit"):
+    fail("sinusoidal_layout", "split", "needs position='sinusoidal' (1-D: not a ViT's 2-D table)")
+  if not isinstance(c.final_logits_bias, bool):
+    fail("final_logits_bias", c.final_logits_bias, "must be True or False")
+  if c.final_logits_bias and c.family != "seq2seq":
+    fail("final_logits_bias", True, f"is a seq2seq option, got family={c.family!r}")
+  start = c.decoder_start_id
+  if not is_int(start) or not 0 <= start < c.vocab_size:
+    fail("decoder_start_id", start, f"must be a token id in [0, vocab_size={c.vocab_size})")
+  if start and c.family != "seq2seq":
+    fail("decoder_start_id", start, f"is a seq2seq option, got family={c.family!r}")

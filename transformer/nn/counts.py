@@ -14,6 +14,8 @@ _NORM_PARAMS_PER_FEATURE = {"layernorm": 2, "rmsnorm": 1}  # scale and bias | sc
 
 
 def norm_params(c: ModelConfig) -> int:
+  if c.norm == "layernorm" and not c.norm_bias:
+    return c.d_model  # scale only
   return _NORM_PARAMS_PER_FEATURE[c.norm] * c.d_model
 
 
@@ -43,9 +45,9 @@ def moe_params(c: ModelConfig) -> int:
 
 
 def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
-  """A `Stack`: its layers (dense or mixture-of-experts FFN), the final norm (pre-LN and
-  sandwich), the layer scales [D] per sublayer (`layer_scale_init`) and its shared position
-  table."""
+  """A `Stack`: its layers (dense or mixture-of-experts FFN; layer 0 without its attention
+  norm if `first_layer_attention_norm` is False), the final norm (pre-LN and sandwich), the
+  layer scales [D] per sublayer (`layer_scale_init`) and its shared position table."""
   attention = attention_params(c) + (attention_params(c, is_cross=True) if cross else 0)
   norms_per_sublayer = 2 if c.norm_position == "sandwich" else 1
   per_layer = (2 + cross) * norms_per_sublayer * norm_params(c) + attention
@@ -53,7 +55,8 @@ def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
   moe_layers = sum(c.is_moe_layer(i) for i in range(layers))
   body = layers * per_layer + moe_layers * moe_params(c) + (layers - moe_layers) * ffn_params(c)
   final_norm = norm_params(c) if c.norm_position != "post" else 0
-  return body + final_norm + position_for(c).stack_params()
+  first_norm = 0 if c.first_layer_attention_norm or not layers else norm_params(c)  # layer 0's
+  return body - first_norm + final_norm + position_for(c).stack_params()
 
 
 def embedder_params(c: ModelConfig) -> int:

@@ -49,16 +49,22 @@ def rms_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
 
 
 NORMS = {
-  # Ba et al. 2016: scale and bias; the two-pass variance (`use_fast_variance=False`).
+  # Ba et al. 2016: scale and bias (no bias with `norm_bias=False`, ModernBERT); the
+  # two-pass variance (`use_fast_variance=False`).
   "layernorm": lambda c, name: nn.LayerNorm(
-    epsilon=c.norm_eps, dtype=compute_dtype(c), use_fast_variance=False, name=name
+    epsilon=c.norm_eps,
+    dtype=compute_dtype(c),
+    use_bias=c.norm_bias,
+    use_fast_variance=False,
+    name=name,
   ),
   "rmsnorm": rms_norm,
 }
 
 
 def make_norm(config: ModelConfig, name: str | None = None) -> nn.Module:
-  """LayerNorm (scale and bias) or RMSNorm (scale only), statistics in float32."""
+  """LayerNorm (scale and, with `norm_bias`, bias) or RMSNorm (scale only), statistics in
+  float32."""
   return NORMS[config.norm](config, name)
 
 
@@ -139,6 +145,7 @@ ACTIVATIONS = {
   "relu": nn.relu,
   "gelu": lambda x: nn.gelu(x, approximate=False),
   "gelu_tanh": lambda x: nn.gelu(x, approximate=True),  # GPT-2 (Hendrycks & Gimpel 2016)
+  "silu": nn.silu,  # x * sigmoid(x), ungated (Marian's `swish`)
   "swiglu": nn.silu,  # gate activation of SwiGLU (Shazeer 2020)
   "geglu": lambda x: nn.gelu(x, approximate=False),  # gate activation of GeGLU
   "geglu_tanh": lambda x: nn.gelu(x, approximate=True),  # GeGLU, tanh GELU (T5 v1.1)
@@ -180,7 +187,7 @@ def make_embed(config: ModelConfig, num_embeddings: int, name: str | None = None
 
 
 class Embedder(nn.Module):
-  """Token embedding (* sqrt(D) if configured) + absolute positions, then dropout.
+  """Token embedding (* sqrt(D) if configured) + absolute positions, (a norm,) then dropout.
 
   `embed` is the token table, owned by the model so that inputs, targets and output
   logits can share it. tokens, positions: [B, T] ints -> [B, T, D].
@@ -189,6 +196,7 @@ class Embedder(nn.Module):
   config: ModelConfig
   embed: nn.Module
   dropout: bool = True  # False: the caller applies dropout after adding more embeddings
+  norm: bool = False  # a norm 'embed_norm' on the sum, before dropout (BART's layernorm_embedding)
 
   @nn.compact
   def __call__(self, tokens: jax.Array, positions: jax.Array, deterministic: bool) -> jax.Array:
@@ -197,6 +205,8 @@ class Embedder(nn.Module):
     if c.scale_embeddings:
       x = x * jnp.asarray(c.d_model**0.5, x.dtype)
     x = position_for(c).embed(self, x, positions)  # [B, T, D]
+    if self.norm:
+      x = make_norm(c, "embed_norm")(x)
     if self.dropout:
       x = make_dropout(c)(x, deterministic=deterministic)
     return x

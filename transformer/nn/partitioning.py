@@ -50,7 +50,7 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
   (r"wo/kernel$", ("mlp", "embed")),
   (r"(token_embed|shared_embed)/embedding$", ("vocab", "embed")),
   (r"(lm_head|mlm_head)/kernel$", ("embed", "vocab")),
-  (r"mlm_bias$", ("vocab",)),
+  (r"(mlm_bias|final_logits_bias)$", ("vocab",)),  # [V] logit biases
   (r"(token_type_embed|positions)/embedding$", (None, "embed")),
   (r"pos_embedding$", (None, None, "embed")),
   (r"cls$", (None, None, "embed")),

@@ -70,6 +70,8 @@ class ImageClassification(Classifying):
     if data.source not in (*IMAGE_SOURCES, "tfds"):
       fail("data.source", data.source,
            f"data.kind 'image' reads {', '.join(IMAGE_SOURCES)} or tfds")  # fmt: skip
+    if data.image_size and data.image_size != model.image_size:
+      fail("data.image_size", data.image_size, f"must be model.image_size={model.image_size}")
 
   def data_spec(self) -> DataSpec:
     return DataSpec(build=_build, shapes=_shapes, images=True, labelled=True)

@@ -6,8 +6,8 @@ from a big_vision ViT: `experiment.validate` takes the model config from the che
 `record_pretrained` records what the checkpoint decided in the workdir (resumes and
 `eval.py` read it there, not the checkpoint), and `load_init_from` copies every tensor (a
 head the checkpoint lacks, e.g. a classifier on BERT, or one for another number of classes
-keeps its initial values; a learned position table is cut to a shorter `max_len`). See
-docs/PRETRAINED.md.
+keeps its initial values; a learned position table is cut to a shorter `max_len`, and
+DINOv2's resampled to the run's image size). See docs/PRETRAINED.md.
 
 `check_init_tokenizer` runs when the data is built (before compiling); `load_init_from`
 when a run starts without a checkpoint of its own. Parameters are matched by path and
@@ -79,11 +79,12 @@ def record_pretrained(exp: Experiment, workdir: str) -> None:
   write_atomic(os.path.join(workdir, RECORD), text)
 
 
-def _load_pretrained(init_from: str) -> tuple[int, Any]:
-  """(the checkpoint's classes, 0 if none; its parameters) of an `hf:` or `bv:` init_from."""
+def _load_pretrained(init_from: str, image_size: int | None) -> tuple[int, Any]:
+  """(the checkpoint's classes, 0 if none; its parameters) of an `hf:` or `bv:` init_from,
+  at `image_size` (None: the checkpoint's)."""
   source, path = sources.find(init_from)
   try:
-    return source.load(path)
+    return source.load(path, image_size)
   except ValueError as e:
     raise ValueError(f"config.init_from={init_from!r}: {e}") from None
 
@@ -133,7 +134,9 @@ def _other_classes(src: Any, leaf: Any, classes: int) -> bool:
   return bool(differ) and all(src.shape[a] == classes for a in differ)
 
 
-def load_init_from(path: str, params: Any, vocab_size: int = 0) -> Any:
+def load_init_from(
+  path: str, params: Any, vocab_size: int = 0, image_size: int | None = None
+) -> Any:
   """Copies the parameters of another run whose paths and shapes match (fine-tuning).
 
   From an `hf:` directory or `bv:` file (whose config the model has) a tensor at the same
@@ -142,10 +145,11 @@ def load_init_from(path: str, params: Any, vocab_size: int = 0) -> Any:
   its initial values). From a run whose task added ids above the tokenizer's (span
   corruption's 100 sentinels) into a model of `vocab_size` (this run's vocabulary), the
   token tables keep their first `vocab_size` ids: the tokenizer's, which mean the same in
-  both runs (`check_init_tokenizer`); the sentinels are dropped.
+  both runs (`check_init_tokenizer`); the sentinels are dropped. `image_size`: a ViT run's,
+  at which an `hf:` DINOv2 loads with its position table resampled (None: the checkpoint's).
   """
   pretrained = sources.find(path) is not None
-  classes, source = _load_pretrained(path) if pretrained else (0, None)
+  classes, source = _load_pretrained(path, image_size) if pretrained else (0, None)
   extra = 0
   if not pretrained:
     extra, source = restore_run(path)

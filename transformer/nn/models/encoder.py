@@ -29,7 +29,8 @@ class TransformerEncoder(nn.Module):
   """Token (+ position, + token type) embeddings and bidirectional blocks -> [B, T, D].
 
   `embed` is the token embedding module, owned by the caller so heads can tie to it.
-  `embed_norm` adds BERT's LayerNorm after the embedding sum (used with post-LN).
+  `embed_norm` adds a norm after the embedding sum (BERT's post-LN; ModernBERT's
+  `ModelConfig.embed_norm`).
   """
 
   config: ModelConfig
@@ -63,13 +64,14 @@ class TransformerEncoder(nn.Module):
 def _backbone(config: ModelConfig) -> tuple[nn.Module, nn.Module]:
   embed = make_embed(config, config.vocab_size, "token_embed")
   encoder = TransformerEncoder(
-    config, embed, embed_norm=config.norm_position == "post", name="encoder"
+    config, embed, embed_norm=config.norm_position == "post" or config.embed_norm, name="encoder"
   )
   return embed, encoder
 
 
 class MaskedLM(nn.Module):
-  """BERT masked-LM: backbone, transform (dense, GELU, norm), logits tied to the embedding."""
+  """BERT masked-LM: backbone, transform (dense, GELU, norm), logits tied to the embedding
+  (+ an output bias; ModernBERT's head: `head_bias`, `mlm_output_bias`)."""
 
   config: ModelConfig
 
@@ -94,19 +96,22 @@ class MaskedLM(nn.Module):
     x = encoder(tokens, segment_ids, positions, token_type_ids, deterministic)  # [B, T, D]
     if predict_positions is not None:
       x = jnp.take_along_axis(x, predict_positions[..., None], axis=1)  # [B, P, D]
-    x = make_dense(c, c.d_model, "mlm_transform", use_bias=True, kernel_init=LECUN)(x)
+    x = make_dense(c, c.d_model, "mlm_transform", use_bias=c.head_bias, kernel_init=LECUN)(x)
     x = make_norm(c, "mlm_norm")(nn.gelu(x, approximate=False))
     if c.tie_embeddings:
       logits = embed.attend(x)  # [B, T, V]
     else:
       mlm_head = make_dense(c, c.vocab_size, "mlm_head", use_bias=False, kernel_init=LECUN)
       logits = mlm_head(x)  # [B, T, V]
-    bias = self.param("mlm_bias", nn.initializers.zeros, (c.vocab_size,))
-    return logits.astype(jnp.float32) + bias
+    logits = logits.astype(jnp.float32)
+    if not c.mlm_output_bias:
+      return logits
+    return logits + self.param("mlm_bias", nn.initializers.zeros, (c.vocab_size,))
 
 
 class SequenceClassifier(nn.Module):
-  """Backbone, pooling ([CLS] token -> dense tanh, or masked mean), dropout, classifier."""
+  """Backbone, pooling ([CLS] token or masked mean), the pooler (dense, then tanh, or GELU
+  and a norm: `pooler_activation`), dropout, classifier."""
 
   config: ModelConfig
 
@@ -123,8 +128,11 @@ class SequenceClassifier(nn.Module):
     else:
       valid = (tokens != 0 if segment_ids is None else segment_ids > 0)[..., None]  # [B, T, 1]
       pooled = (x * valid).sum(1) / jnp.maximum(valid.sum(1), 1)  # [B, D]
-    pooler = make_dense(c, c.d_model, "pooler", use_bias=True, kernel_init=LECUN)
-    pooled = jnp.tanh(pooler(pooled))  # [B, D]
+    pooled = make_dense(c, c.d_model, "pooler", use_bias=c.head_bias, kernel_init=LECUN)(pooled)
+    if c.pooler_activation == "tanh":
+      pooled = jnp.tanh(pooled)  # [B, D]
+    else:  # gelu_norm (ModernBERT)
+      pooled = make_norm(c, "pooler_norm")(nn.gelu(pooled, approximate=False))  # [B, D]
     pooled = make_dropout(c)(pooled, deterministic=deterministic)
     classifier = make_dense(c, c.num_classes, "classifier", use_bias=True, kernel_init=LECUN)
     return classifier(pooled).astype(jnp.float32)  # [B, C]
@@ -147,11 +155,13 @@ def validate(c: ModelConfig) -> None:
 def param_count(c: ModelConfig) -> int:
   d = c.d_model
   embed = c.vocab_size * d + counts.embedder_params(c) + c.type_vocab_size * d
-  embed_norm = counts.norm_params(c) if c.norm_position == "post" else 0
-  if c.num_classes:  # SequenceClassifier: pooler + classifier.
-    head = d * d + d + d * c.num_classes + c.num_classes
+  embed_norm = counts.norm_params(c) if c.norm_position == "post" or c.embed_norm else 0
+  dense = d * d + (d if c.head_bias else 0)  # the MLM transform or the pooler
+  if c.num_classes:  # SequenceClassifier: pooler (+ its norm) + classifier.
+    head = dense + d * c.num_classes + c.num_classes
+    head += counts.norm_params(c) if c.pooler_activation == "gelu_norm" else 0
   else:  # MaskedLM: transform, norm, output bias (+ untied output matrix).
-    head = d * d + d + counts.norm_params(c) + c.vocab_size
+    head = dense + counts.norm_params(c) + (c.vocab_size if c.mlm_output_bias else 0)
     head += 0 if c.tie_embeddings else d * c.vocab_size
   return embed + embed_norm + counts.stack_params(c, c.num_layers, cross=False) + head
 

@@ -8,6 +8,11 @@ relative_t5 positions, pre-RMSNorm, no biases, `attention_scale=1.0`, ReLU (v1.0
 `sliding_window` W bounds both self-attentions (encoder |t - s| < W, decoder
 0 <= t - s < W); cross-attention sees the whole source, since a window relates positions
 of one sequence and source and target positions are not aligned.
+
+BART and Marian (transformer/convert/bart.py, marian.py): post-LN, `embed_norm` (a norm
+after each stack's token + position embeddings, BART), `final_logits_bias` (a learned
+[V] bias added to the logits, zeros at initialisation) and `decoder_start_id` (the token
+the decoder starts from, in training (`shift_right`) and decoding; BART's EOS).
 """
 
 from __future__ import annotations
@@ -36,14 +41,16 @@ class EncoderDecoder(nn.Module):
   def setup(self):
     c = self.config
     self.embed = make_embed(c, c.vocab_size, "shared_embed")
-    self.encoder_embedder = Embedder(c, self.embed)
-    self.decoder_embedder = Embedder(c, self.embed)
+    self.encoder_embedder = Embedder(c, self.embed, norm=c.embed_norm)
+    self.decoder_embedder = Embedder(c, self.embed, norm=c.embed_norm)
     self.encoder = Stack(c, c.num_layers, name="encoder")
     self.decoder = Stack(c, c.decoder_layers, cross_attention=True, name="decoder")
     if not c.tie_embeddings:
       self.lm_head = make_dense(
         c, c.vocab_size, use_bias=False, kernel_init=nn.initializers.lecun_normal()
       )
+    if c.final_logits_bias:
+      self.logits_bias = self.param("final_logits_bias", nn.initializers.zeros, (c.vocab_size,))
 
   def encode(
     self,
@@ -96,7 +103,10 @@ class EncoderDecoder(nn.Module):
     if c.scale_logits:  # T5 v1.0 (Mesh TensorFlow): rescale before the tied logits
       x = x * jnp.asarray(c.d_model**-0.5, x.dtype)  # [B, T, D]
     logits = self.embed.attend(x) if c.tie_embeddings else self.lm_head(x)  # [B, T, V]
-    return soft_cap(logits.astype(jnp.float32), c.logits_softcap)  # [B, T, V]
+    logits = logits.astype(jnp.float32)  # [B, T, V]
+    if c.final_logits_bias:
+      logits = logits + self.logits_bias[None, None, :]  # [B, T, V]
+    return soft_cap(logits, c.logits_softcap)  # [B, T, V]
 
   def __call__(
     self,
@@ -112,7 +122,7 @@ class EncoderDecoder(nn.Module):
     inputs_segment_ids = _segments(inputs, inputs_segment_ids)
     targets_segment_ids = _segments(targets, targets_segment_ids)
     encoded = self.encode(inputs, inputs_segment_ids, inputs_positions, deterministic)
-    decoder_inputs = shift_right(targets, targets_segment_ids)
+    decoder_inputs = shift_right(targets, targets_segment_ids, self.config.decoder_start_id)
     return self.decode(
       encoded,
       inputs_segment_ids,
@@ -136,6 +146,8 @@ def param_count(c: ModelConfig) -> int:
   # Shared source/target embeddings (Vaswani et al. 3.4); untied adds output logits.
   embed = c.vocab_size * c.d_model + 2 * counts.embedder_params(c)  # encoder + decoder
   head = 0 if c.tie_embeddings else c.d_model * c.vocab_size
+  head += c.vocab_size if c.final_logits_bias else 0
+  embed += 2 * counts.norm_params(c) if c.embed_norm else 0  # encoder + decoder embed_norm
   return (
     embed
     + counts.stack_params(c, c.num_layers, cross=False)

@@ -11,14 +11,20 @@ from transformer.nn.config import fail
 from transformer.nn.positions.base import Position
 
 
-def sinusoidal_table(length: int, d_model: int, max_timescale: float = 10_000.0) -> np.ndarray:
+def sinusoidal_table(
+  length: int, d_model: int, max_timescale: float = 10_000.0, split: bool = False
+) -> np.ndarray:
   """PE[p, 2i] = sin(p / 10000^(2i/D)), PE[p, 2i+1] = cos(p / 10000^(2i/D)).
 
-  Returns float32 [length, D] with sines at even and cosines at odd feature indices.
+  Returns float32 [length, D] with sines at even and cosines at odd feature indices; with
+  `split`, PE[p, i] = sin(...) and PE[p, D/2 + i] = cos(...) instead (the same angles,
+  sines in the first half: Marian, HF `MarianSinusoidalPositionalEmbedding`).
   """
   positions = np.arange(length, dtype=np.float64)[:, None]  # [L, 1]
   inv_freq = max_timescale ** (-np.arange(0, d_model, 2, dtype=np.float64) / d_model)  # [D/2]
   angles = positions * inv_freq[None, :]  # [L, D/2]
+  if split:
+    return np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
   table = np.zeros((length, d_model), dtype=np.float64)
   table[:, 0::2] = np.sin(angles)
   table[:, 1::2] = np.cos(angles)
@@ -40,11 +46,14 @@ def sincos_2d_table(grid: int, d_model: int, max_timescale: float = 10_000.0) ->
 
 
 class Sinusoidal(Position):
-  """x + PE[positions] with PE = `sinusoidal_table(max_len, D)`; no parameters."""
+  """x + PE[positions] with PE = `sinusoidal_table(max_len, D)` in the config's
+  `sinusoidal_layout`; no parameters."""
 
   def embed(self, module: nn.Module, x: jax.Array, positions: jax.Array) -> jax.Array:
     del module
-    table = jnp.asarray(sinusoidal_table(self.config.max_len, x.shape[-1]))  # [L, D]
+    c = self.config
+    split = c.sinusoidal_layout == "split"
+    table = jnp.asarray(sinusoidal_table(c.max_len, x.shape[-1], split=split))  # [L, D]
     return x + jnp.take(table, positions, axis=0).astype(x.dtype)  # [B, T, D]
 
   def validate(self) -> None:
