@@ -3,23 +3,24 @@
 
 The data of configs/translate_en_es.py (KJV -> Reina-Valera 1909, BLEU on the 1,574 test
 verses) from a `MarianMTModel` directory: the model config (post-LN, sinusoidal positions,
-embeddings x sqrt(D), SiLU, one table shared by both sides and the logits), the weights and
-the shared SentencePiece vocabulary (its `tokenizer.json`) come from it. Marian's PAD
-(V - 1) and id 0 (its EOS) trade places on import, in the weights and the tokenizer alike
-(`convert.marian`): PAD 0 pads the rows and starts the decoder (`decoder_start_id`, as
-Marian starts from PAD), EOS V - 1 ends every source and target and stops decoding. Pairs
-are packed jointly for training; Marian's optimizer (Junczys-Dowmunt et al. 2018; the
-Opus-MT models' settings): Adam betas (0.9, 0.98), eps 1e-9, dropout 0.1. With no network,
-make a tiny random Marian first:
+embeddings x sqrt(D), SiLU, one table shared by both sides and the logits), the weights
+and the shared SentencePiece vocabulary (its `tokenizer.json`, else `source.spm` +
+`vocab.json`) come from it. Marian's PAD (V - 1) and id 0 (its EOS) trade places on
+import, in the weights and the tokenizer alike (`convert.marian`): PAD 0 pads the rows and
+starts the decoder (`decoder_start_id`, as Marian starts from PAD), EOS V - 1 ends every
+source and target and stops decoding. Pairs are packed jointly for training; Marian's
+optimizer (Junczys-Dowmunt et al. 2018; the Opus-MT models' settings): Adam betas (0.9,
+0.98), eps 1e-9, dropout 0.1. With no network, make a tiny random Marian first:
 
   python scripts/make_tiny_hf.py runs/tiny_hf marian
   python train.py --config configs/finetune_marian_en_es.py --workdir runs/ft_marian
   python eval.py --workdir runs/ft_marian --bleu_method greedy
 
-Another directory needs a `tokenizer.json` of its vocabulary in Marian's ids, as the tiny
-one has: Opus-MT ships `source.spm`, `target.spm` and `vocab.json`, which
-`convert.tokenizers` does not read, and one tokenizer segments both sides (Opus-MT's two
-SentencePiece models may differ). A pretrained model takes a smaller rate:
+An Opus-MT directory as shipped (`source.spm`, `target.spm`, `vocab.json`, no
+`tokenizer.json`) loads through `convert.tokenizers` as `MarianTokenizer` encodes the
+source side, when its `source.spm` and `target.spm` are the same model: one tokenizer
+segments both sides, so a directory whose two SentencePiece models differ is refused
+unless it has a `tokenizer.json`. A pretrained model takes a smaller rate:
 
   python train.py --config configs/finetune_marian_en_es.py:path/to/opus-mt --workdir runs/ft \\
     --config.schedule.learning_rate=5e-5

@@ -3,8 +3,10 @@
 Each directory is built here: a GPT-2-style byte-level BPE and a BERT WordPiece trained
 with the `tokenizers` library and saved by `transformers`' tokenizer classes, and a
 SentencePiece unigram model (as T5's `spiece.model`, and the same pieces as a `tokenizers`
-Unigram in `tokenizer.json`, the way a T5 directory holds both). Ids are compared with the
-source library's own encoding.
+Unigram in `tokenizer.json`, the way a T5 directory holds both), and a Marian directory as
+Opus-MT ships it (`source.spm`, `target.spm`, `vocab.json`; scripts/make_tiny_hf.py). Ids
+are compared with the source library's own encoding (Marian: transformers'
+`MarianTokenizer`).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -265,3 +268,87 @@ def test_bad_directories_fail_in_one_line(tmp_path):
   (tmp_path / "broken.json").write_text(json.dumps({"kind": "pretrained", "format": 1}))
   with pytest.raises(ValueError, match="incomplete saved pretrained tokenizer"):
     load_tokenizer(tmp_path / "broken.json")
+
+
+MARIAN_TEXTS = [
+  "",
+  "  Leading, trailing   and repeated  spaces  ",
+  "Tab\tand\nnewline",
+  "Ünïcödé “quotes” — dashes… and ñ, ç, ß",
+  "Full-width ＡＢＣ １２３ and ligatures ﬁ ﬂ",
+  "漢字 and emoji 🙂 are not in the vocabulary",
+  ">>es<< a language code first",
+  ">>es<<no space, >>fr<< twice",
+  "UPPER lower MiXeD 12345 3.14",
+]
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory):
+  """A Marian directory as Opus-MT ships it (source.spm = target.spm, vocab.json, no
+  tokenizer.json), with the config.json whose PAD (V - 1) the import swaps with 0."""
+  from test_recipes import make_tiny_hf
+
+  script = make_tiny_hf()
+  path = tmp_path_factory.mktemp("marian")
+  texts = script.verses(100)
+  vocab = script.marian_tokenizer(path, texts)
+  (path / "tokenizer.json").unlink()
+  architecture, fields = script.hf_config("marian", vocab)
+  (path / "config.json").write_text(json.dumps({"architectures": [architecture], **fields}))
+  return path, texts, vocab
+
+
+def test_marian_vocabulary_matches_marian_tokenizer(marian_dir, tmp_path):
+  from transformers import MarianTokenizer
+
+  path, verses, v = marian_dir
+  with warnings.catch_warnings():  # its optional punctuation normaliser, which encode skips
+    warnings.simplefilter("ignore", UserWarning)
+    ref = MarianTokenizer(
+      str(path / "source.spm"), str(path / "target.spm"), str(path / "vocab.json"),
+      source_lang="en", target_lang="es",
+    )  # fmt: skip
+  tok = pretrained.from_pretrained_dir(path)
+  assert tok.vocab_size == ref.vocab_size == v
+  # Marian's EOS 0 and PAD V - 1 trade places; UNK 1 stays.
+  assert (ref.eos_token_id, ref.unk_token_id, ref.pad_token_id) == (0, 1, v - 1)
+  assert tok.present_specials() == {"pad": 0, "eos": v - 1, "unk": 1}
+  swap = np.arange(v)
+  swap[[0, v - 1]] = [v - 1, 0]
+  texts = [*verses[:16], *verses[-16:], *MARIAN_TEXTS]  # English and Spanish verses
+  unknown = 0
+  for text in texts:
+    ids = ref(text)["input_ids"]
+    assert ids[-1] == ref.eos_token_id  # MarianTokenizer appends EOS; the pipelines do here
+    ours = tok.encode(text)
+    assert ours == swap[ids[:-1]].tolist(), text
+    assert tok.decode([*ours, tok.eos_id, tok.pad_id]) == ref.decode(ids, skip_special_tokens=True)
+    unknown += ours.count(tok.unk_id)
+  assert unknown > 0  # pieces missing from vocab.json are UNK, as in MarianTokenizer
+  assert tok.decode(tok.encode(verses[0])) == verses[0]
+  assert tok.id_to_piece(0) == "<pad>" and tok.id_to_piece(v - 1) == "</s>"
+  # The saved tokenizer reloads (and pickles) with the same ids.
+  pretrained.save_to_workdir(tok, tmp_path)
+  again = load_tokenizer(tmp_path / "tokenizers" / pretrained.filename())
+  clone = pickle.loads(pickle.dumps(again))
+  assert all(again.encode(t) == clone.encode(t) == tok.encode(t) for t in texts)
+  assert again.present_specials() == tok.present_specials()
+  pair = features.Translation(tok, 64, 64, "en", "es")((0, {"en": b"a test", "es": b"hola"}))
+  assert pair["inputs"].tolist() == [*swap[ref("a test")["input_ids"]]]  # EOS V - 1
+
+
+def test_marian_with_another_target_model_is_refused(marian_dir, tmp_path):
+  path, _, _ = marian_dir
+  for name in ("source.spm", "vocab.json", "tokenizer_config.json", "config.json"):
+    (tmp_path / name).write_bytes((path / name).read_bytes())
+  (tmp_path / "target.spm").write_bytes(_spm_model(60, "unigram"))
+  with pytest.raises(ValueError, match="target.spm differs from source.spm") as e:
+    pretrained.from_pretrained_dir(tmp_path)
+  assert str(tmp_path) in str(e.value) and "\n" not in str(e.value)
+  assert "same model, or a tokenizer.json" in str(e.value)
+  (tmp_path / "target.spm").write_bytes((path / "source.spm").read_bytes())
+  assert pretrained.from_pretrained_dir(tmp_path).encode("a test")  # the same model loads
+  (tmp_path / "vocab.json").unlink()
+  with pytest.raises(FileNotFoundError, match="source.spm without vocab.json"):
+    pretrained.from_pretrained_dir(tmp_path)

@@ -6,6 +6,9 @@
                             Unigram, ...: whatever the file describes)
   spiece.model              a SentencePiece model (T5: 100 sentinels above its pieces)
   tokenizer.model           a SentencePiece model (Llama)
+  source.spm + vocab.json   Marian (Opus-MT): SentencePiece pieces numbered by vocab.json,
+                            as `MarianTokenizer` encodes the source side (`marian_vocab`;
+                            a target.spm that differs from source.spm is refused)
 
 Pretrained ids stay as they are: the embedding rows are the checkpoint's, so the project's
 special-id constants (0 PAD ... 6 SEP) do not apply. The tokenizer reports the ids of its
@@ -27,7 +30,7 @@ Marian: PAD 0, EOS V - 1).
 
 `encode` adds no special tokens (the pipelines add them); `decode` drops special tokens,
 as the source library does with `skip_special_tokens=True`. `save` writes one JSON file
-(kind 'pretrained': the source file's bytes, the special ids) that `load_tokenizer` reads
+(kind 'pretrained': the source files' contents, the special ids) that `load_tokenizer` reads
 back once this module is imported (it registers the kind); `save_to_workdir` puts it where
 `data.tokenizer='pretrained'` with `data.tokenizer_from=WORKDIR` finds it.
 """
@@ -43,7 +46,7 @@ from typing import Any, Protocol
 import numpy as np
 from etils import epath
 
-from transformer.convert import chat, registry
+from transformer.convert import chat, marian_vocab, registry
 from transformer.data import tokenizers as project_tokenizers
 from transformer.data.files import write_atomic
 from transformer.data.tokenizers import Tokenizer
@@ -51,7 +54,7 @@ from transformer.data.tokenizers import Tokenizer
 KIND = "pretrained"
 FORMAT = 1  # version of the saved JSON
 ROLES = ("pad", "bos", "eos", "unk", "mask", "cls", "sep")
-SOURCE_FILES = ("tokenizer.json", "spiece.model", "tokenizer.model")
+SOURCE_FILES = ("tokenizer.json", "spiece.model", "tokenizer.model", marian_vocab.SOURCE)
 T5_EXTRA_IDS = 100  # sentinels T5 places above its SentencePiece pieces
 _CONFIG_FILES = ("special_tokens_map.json", "tokenizer_config.json")  # later files win
 _WORD_MARKERS = ("\u0120", "\u2581")  # 'Ġ' (byte-level BPE), '▁' (SentencePiece, Metaspace)
@@ -188,6 +191,8 @@ class PretrainedTokenizer(Tokenizer):
     elif saved["backend"] == "sentencepiece":
       proto = base64.b64decode(saved["model_proto"])
       self._backend = _SentencePiece(proto, int(saved["extra_ids"]))
+    elif saved["backend"] == "marian":
+      self._backend = marian_vocab.MarianVocab.from_saved(saved)
     else:
       raise ValueError(f"{self.name}: unknown tokenizer backend {saved['backend']!r}")
     # Our id <-> the source's: the checkpoint's PAD and 0 trade places (its own inverse).
@@ -313,6 +318,10 @@ def from_pretrained_dir(path: str | os.PathLike) -> PretrainedTokenizer:
     added = json.loads(text).get("added_tokens") or []
     saved["added_special_ids"] = sorted(int(t["id"]) for t in added if t.get("special"))
     own: dict[str, int] = {}
+  elif source == marian_vocab.SOURCE:
+    fields, marian = marian_vocab.read(root, config)
+    backend, own = marian, marian.own_specials()
+    saved |= {"backend": "marian", **fields, "added_special_ids": []}
   else:
     proto = (root / source).read_bytes()
     default_extra = T5_EXTRA_IDS if source == "spiece.model" else 0
