@@ -7,7 +7,7 @@ from a big_vision ViT: `experiment.validate` takes the model config from the che
 `eval.py` read it there, not the checkpoint), and `load_init_from` copies every tensor (a
 head the checkpoint lacks, e.g. a classifier on BERT, or one for another number of classes
 keeps its initial values; a learned position table is cut to a shorter `max_len`, and
-DINOv2's resampled to the run's image size). See docs/PRETRAINED.md.
+DINOv2's resampled to the run's image size). See docs/FINETUNING.md.
 
 `check_init_tokenizer` runs when the data is built (before compiling); `load_init_from`
 when a run starts without a checkpoint of its own. Parameters are matched by path and
