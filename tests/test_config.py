@@ -8,6 +8,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from transformer.nn.config import ModelConfig
@@ -186,7 +187,8 @@ def _matmul_flops_per_token(c: ModelConfig, seq_len: int) -> float:
   """Forward matmul FLOPs per token counted from the built model's weight shapes.
 
   2 FLOPs per weight of every projection a token passes through (attention, FFN, output
-  logits = embedding table when tied), plus 4 * T * N * H per layer for q.k and p.v.
+  logits = embedding table when tied), plus 4 * (T / 2) * N * H per layer for q.k and p.v:
+  causal masking leaves half the score matrix (MaxText's convention).
   """
   model = build_model(c)
   tokens = jax.ShapeDtypeStruct((1, seq_len), jnp.int32)
@@ -199,7 +201,7 @@ def _matmul_flops_per_token(c: ModelConfig, seq_len: int) -> float:
   )
   if c.tie_embeddings:
     weights += c.vocab_size * c.d_model
-  return 2.0 * weights + 4.0 * seq_len * c.num_heads * c.head_dim * c.num_layers
+  return 2.0 * weights + 4.0 * (seq_len / 2) * c.num_heads * c.head_dim * c.num_layers
 
 
 @pytest.mark.parametrize(
@@ -212,6 +214,44 @@ def test_flops_per_token_counts_every_matmul_of_a_decoder(overrides):
   expected = _matmul_flops_per_token(c, seq_len=50)
   assert flops_per_token(c, 50, training=False) == pytest.approx(expected, rel=1e-12)
   assert flops_per_token(c, 50) == pytest.approx(3 * expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [None, 1, 7, 40, 64, 100])
+def test_attended_keys_are_the_masks_area_per_query(causal, window):
+  """`counts.attended_keys` against the unmasked entries of the T x T mask built in NumPy,
+  per query: equal, but for a causal mask's diagonal, counted half (T / 2 for a causal
+  mask, T for a full one)."""
+  from transformer.nn.counts import attended_keys
+
+  t = 64
+  offset = np.arange(t)[:, None] - np.arange(t)[None, :]  # query - key
+  allowed = offset >= 0 if causal else np.ones((t, t), bool)
+  if window is not None:
+    allowed &= np.abs(offset) < window
+  diagonal = 0.5 if causal else 0.0
+  assert attended_keys(t, causal, window) == pytest.approx(allowed.sum() / t - diagonal)
+  if window is None or window >= t:
+    assert attended_keys(t, causal, window) == (t / 2 if causal else t)
+
+
+def test_flops_count_each_layers_band_and_halve_causal_attention():
+  """Scores and values per layer and token: 4 * keys * N * H, keys = T / 2 for a decoder,
+  T for an encoder, a window's band (`attended_keys`) in each local layer of a pattern."""
+  from transformer.nn.counts import attended_keys
+
+  base = dict(vocab_size=100, d_model=64, num_heads=4, d_ff=96, num_layers=3, max_len=64)
+  qh, t = 64, 64
+  for family, causal in (("decoder", True), ("encoder", False)):
+    plain = ModelConfig(family=family, position="rope", **base)
+    windowed = plain.replace(sliding_window=8)
+    pattern = windowed.replace(local_global_pattern="LLG")
+    per_layer = 4 * qh * (attended_keys(t, causal, 8) - attended_keys(t, causal, None))
+    flops = lambda c: flops_per_token(c, t, training=False)  # noqa: E731
+    assert flops(windowed) - flops(plain) == pytest.approx(3 * per_layer)
+    assert flops(pattern) - flops(plain) == pytest.approx(2 * per_layer)  # two L, one G
+    assert per_layer < 0
+  assert attended_keys(t, True, None) == t / 2 and attended_keys(t, False, None) == t
 
 
 def test_mlm_head_flops_count_the_predicted_positions_only():

@@ -64,9 +64,27 @@ def embedder_params(c: ModelConfig) -> int:
   return position_for(c).embedding_params()
 
 
-def layer_flops(c: ModelConfig, seq_len: int, cross: bool = False, moe: bool = False) -> int:
+def attended_keys(seq_len: int, causal: bool, window: int | None) -> float:
+  """Keys a query attends to on average, for the score and value products' FLOPs: the
+  unmasked (query, key) pairs of a T x T mask over T, a causal mask's diagonal counted half
+  so that causal attention is half of full (MaxText's convention, PR #1988). Full: T; a
+  window |t - s| < W: 2W - 1 - W(W - 1) / T; causal: T / 2; a causal window 0 <= t - s < W:
+  W - 1/2 - W(W - 1) / (2T) (a window of T or more is no window)."""
+  t = float(seq_len)
+  w = float(window) if window is not None and window < seq_len else None
+  if causal:
+    return t / 2 if w is None else w - 0.5 - w * (w - 1) / (2 * t)
+  return t if w is None else 2 * w - 1 - w * (w - 1) / t
+
+
+def layer_flops(
+  c: ModelConfig, seq_len: int, cross: bool = False, moe: bool = False, causal: bool = False
+) -> float:
   """Forward matmul FLOPs per token of one block (self-attention, + cross, + FFN).
 
+  The score and value products count the keys each query attends to (`attended_keys`:
+  causal masking halves them, a window keeps its band; `c.sliding_window` is the layer's,
+  from `layer_config`); cross-attention attends to all of a source as long as the target.
   `moe`: the FFN is a mixture of experts; its active FLOPs are the router's and those of
   the K experts a token is sent to (capacity slots left empty are not counted)."""
   d, qh = c.d_model, c.num_heads * c.head_dim
@@ -74,10 +92,16 @@ def layer_flops(c: ModelConfig, seq_len: int, cross: bool = False, moe: bool = F
   ffn = 2 * ((2 if c.gated else 1) * d * c.d_ff + c.d_ff * d)
   if moe:
     ffn = 2 * d * c.moe_experts + c.moe_top_k * ffn
-  scores = 4 * seq_len * qh
-  return attn_proj + ffn + scores + ((attn_proj + scores) if cross else 0)
+  scores = 4 * attended_keys(seq_len, causal, c.sliding_window) * qh
+  cross_scores = 4 * seq_len * qh
+  return attn_proj + ffn + scores + ((attn_proj + cross_scores) if cross else 0)
 
 
-def stack_flops(c: ModelConfig, layers: int, seq_len: int, cross: bool = False) -> int:
-  """Forward matmul FLOPs per token of a `Stack` of `layers` blocks (MoE layers' active)."""
-  return sum(layer_flops(c, seq_len, cross, c.is_moe_layer(i)) for i in range(layers))
+def stack_flops(
+  c: ModelConfig, layers: int, seq_len: int, cross: bool = False, causal: bool = False
+) -> float:
+  """Forward matmul FLOPs per token of a `Stack` of `layers` blocks (MoE layers' active;
+  each layer's window as its `layer_config` has it)."""
+  return sum(
+    layer_flops(c.layer_config(i), seq_len, cross, c.is_moe_layer(i), causal) for i in range(layers)
+  )

@@ -2,8 +2,9 @@
 
 MFU (model FLOPs utilisation) = model FLOP/s / (peak FLOP/s per device x devices). The
 model FLOPs are the analytic matmul count of `transformer.nn.models.flops_per_token`
-(forward + backward, 3x the forward; attention scores included, causal masking not
-subtracted: the PaLM convention), times the tokens the step consumed. The peak comes
+(forward + backward, 3x the forward; attention scores included, causal attention at half
+the full count and sliding windows at their band, MaxText's convention: docs/MONITORING.md),
+times the tokens the step consumed. The peak comes
 from `config.peak_flops` if set, else from `PEAK_FLOPS` for the device kind and compute
 dtype, else (CPU, or a device the table lacks) from a timed matmul when
 `config.measure_peak_flops` is set; otherwise MFU is not reported.

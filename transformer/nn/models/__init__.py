@@ -88,8 +88,9 @@ def flops_per_token(
   """Matmul FLOPs per token (2 per multiply-add), forward or forward+backward (x3).
 
   Counts every projection, the feed-forward, the output logits (or classifier) and the
-  attention score and value products (4 * T * N * H per layer and token, the PaLM convention;
-  neither causal masking nor a sliding window is subtracted). Norms, softmax and elementwise
+  attention score and value products (4 * keys * N * H per layer and token, keys the ones a
+  query attends to: T bidirectional, T / 2 causal (MaxText's convention), a window's band;
+  `counts.attended_keys`). Norms, softmax and elementwise
   work are excluded. A mixture-of-experts layer counts its active FLOPs (router + top-k
   experts, `counts.layer_flops`).
   `mlm_predictions`: the encoder's MLM head runs at that many of every `seq_len` positions

@@ -86,4 +86,5 @@ def param_count(c: ModelConfig) -> int:
 
 def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = None) -> float:
   del mlm_predictions
-  return counts.stack_flops(c, c.num_layers, seq_len) + 2 * c.d_model * c.vocab_size
+  body = counts.stack_flops(c, c.num_layers, seq_len, causal=True)  # prefix-LM counted causal
+  return body + 2 * c.d_model * c.vocab_size

@@ -160,5 +160,5 @@ def forward_flops(c: ModelConfig, seq_len: int, mlm_predictions: int | None = No
   # Tokens are counted on the target side; source and target lengths are taken equal.
   del mlm_predictions
   body = counts.stack_flops(c, c.num_layers, seq_len)
-  body += counts.stack_flops(c, c.decoder_layers, seq_len, cross=True)
+  body += counts.stack_flops(c, c.decoder_layers, seq_len, cross=True, causal=True)
   return body + 2 * c.d_model * c.vocab_size
