@@ -2,14 +2,16 @@
 
 Bidirectional stacks see |t - s| < W (key indices); each model equals the float64 NumPy
 reference with that banded mask and differs from the same model without the window. The
-analytic counts ignore the window, as they ignore causal masking (`models.flops_per_token`).
+parameter count ignores the window; the FLOP count takes the window's band of keys in its
+self-attention (`nn.counts.attended_keys`), cross-attention the whole source.
 """
 
 import jax
 import numpy as np
+import pytest
 import reference_numpy as ref
 
-from transformer.nn import models
+from transformer.nn import counts, models
 from transformer.nn.models import EncoderDecoder, MaskedLM, VisionTransformer
 
 TOL = dict(rtol=1e-5, atol=1e-5)
@@ -20,10 +22,21 @@ def _tokens(shape, seed):
   return np.random.default_rng(seed).integers(1, 40, shape).astype(np.int32)
 
 
-def _assert_counts_ignore_the_window(c):
+def _assert_counts_take_the_band(c):
+  """Same parameters; per token, 3 (forward + backward) x 4 H N per self-attention layer
+  times the keys the window removes from a bidirectional stack of length 64."""
   plain = c.replace(sliding_window=None)
   assert models.param_count(c) == models.param_count(plain)
-  assert models.flops_per_token(c, 64) == models.flops_per_token(plain, 64)
+
+  def removed(causal):
+    full, band = (counts.attended_keys(64, causal, w) for w in (None, c.sliding_window))
+    return full - band
+
+  keys = c.num_layers * removed(False)  # the (encoder) stack, bidirectional
+  if c.family == "seq2seq":  # the decoder's self-attention is causal; cross is unwindowed
+    keys += c.decoder_layers * removed(True)
+  want = 3 * 4 * c.num_heads * c.head_dim * keys
+  assert models.flops_per_token(plain, 64) - models.flops_per_token(c, 64) == pytest.approx(want)
 
 
 def _assert_window_changes(windowed, plain):
@@ -55,7 +68,7 @@ def test_seq2seq_encoder_honours_the_window_and_cross_attention_does_not(
   expected = ref.encoder_decoder(ref.to_numpy(params), inputs, targets, c)
   np.testing.assert_allclose(logits, expected, **TOL)
   _assert_window_changes(encoded, encoded_plain)
-  _assert_counts_ignore_the_window(c)
+  _assert_counts_take_the_band(c)
 
 
 def test_bert_encoder_honours_the_window_with_chunked_t5_bias(tiny_config, random_params):
@@ -81,7 +94,7 @@ def test_bert_encoder_honours_the_window_with_chunked_t5_bias(tiny_config, rando
   real = tokens > 0
   np.testing.assert_allclose(np.asarray(logits)[real], expected[real], **TOL)
   _assert_window_changes(logits, logits_plain)
-  _assert_counts_ignore_the_window(c)
+  _assert_counts_take_the_band(c)
 
 
 def test_vision_transformer_honours_the_window(tiny_config, random_params):
@@ -99,4 +112,4 @@ def test_vision_transformer_honours_the_window(tiny_config, random_params):
   expected = ref.vision_transformer(ref.to_numpy(params), images.astype(np.float64), c)
   np.testing.assert_allclose(logits, expected, **TOL)
   _assert_window_changes(logits, logits_plain)
-  _assert_counts_ignore_the_window(c)
+  _assert_counts_take_the_band(c)
