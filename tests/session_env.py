@@ -15,6 +15,9 @@ every subprocess a test starts inherits the result (or takes it from `xla_flags`
   compilation; JAX keys the cache on the program, the XLA flags, the backend and the
   versions, so runs with other devices counts or ISA caps never share an entry.
 
+- HF_DATASETS_OFFLINE=1: `datasets` (data.source='hf') reads its cache only, as a test may
+  reach no network; a Hub name not cached fails at once instead of after retries.
+
   xla_flags(devices) -> str   the session's XLA_FLAGS with `devices` CPU devices, for a
                               subprocess (the caller's flags, an ISA cap among them, kept)
   PATIENCE_S                  how long any test waits for a subprocess or a condition
@@ -59,6 +62,7 @@ def configure() -> None:
   if CACHE_VARIABLE not in os.environ:  # the first process; xdist workers inherit its folder
     os.environ[CACHE_VARIABLE] = tempfile.mkdtemp(prefix="transformer-tests-jax-cache-")
     os.environ[_OWNED] = str(os.getpid())
+  os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 

@@ -43,6 +43,7 @@ TINY_DINOV2, TINY_MARIAN = str(TINY_HF / "dinov2"), str(TINY_HF / "marian")
 RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "lm_shakespeare": ((None,), {}, {}),
   "lm_shakespeare_nanogpt": ((None,), {}, {}),  # the race's like-for-like config
+  "lm_shakespeare_parquet": ((None,), {}, {}),  # data.source='hf': the shipped Parquet speeches
   "gpt2": (("small", "medium", "large"), {}, {}),  # lm1b
   "bert": (("base", "large"), {}, {}),  # lm1b (mlm)
   "bert_sst2": ((None,), {}, {}),  # glue/sst2

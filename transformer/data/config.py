@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from transformer.data.image_builders import FASHION_MNIST_LABELS
 from transformer.data.packing import OVERLONG_POLICIES
 
-SOURCES = ("text", "pairs", "labelled", "idx", "image_folder", "sklearn_digits", "tfds")
+SOURCES = ("text", "pairs", "labelled", "idx", "image_folder", "sklearn_digits", "tfds", "hf")
 IMAGE_SOURCES = ("idx", "image_folder", "sklearn_digits")  # sources whose records are images
 TOKENIZERS = ("char", "byte", "sentencepiece", "pretrained", "none")
 REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, when the package runs from one
@@ -70,11 +70,14 @@ class DataConfig:
   """What to read and how to turn it into batches. Invalid values raise `ValueError`."""
 
   kind: str = "lm"  # the task (a name in transformer/tasks): lm, mlm, seq2seq, image, ...
-  source: str = "text"  # text | pairs | labelled | idx | image_folder | sklearn_digits | tfds
-  path: str = (
-    "data/tinyshakespeare.txt.gz"  # local file / folder, or TFDS name ('wmt14_translate/de-en')
-  )
-  data_dir: str | None = None  # prepared TFDS datasets; None = TFDS default (~/tensorflow_datasets)
+  # text | pairs | labelled | idx | image_folder | sklearn_digits | tfds | hf
+  source: str = "text"
+  # local file / folder, TFDS name ('wmt14_translate/de-en'); hf: a folder, file or glob of
+  # .parquet / .jsonl / .arrow files (local or gs://), or a Hub dataset name
+  path: str = "data/tinyshakespeare.txt.gz"
+  # prepared TFDS datasets (None = ~/tensorflow_datasets); hf: the datasets cache (None = HF_HOME's)
+  data_dir: str | None = None
+  hf_config: str = ""  # hf: the Hub dataset's configuration ('' = its default)
   train_split: str = "train"  # split to train on (TFDS split syntax allowed: 'train[:90%]')
   train_examples: int = 0  # train on a random subset of this many records, per seed; 0 = all
   eval_split: str = "validation"  # split evaluated by the eval iterators
@@ -85,6 +88,9 @@ class DataConfig:
   label_names: tuple[str, ...] | None = None  # label values in id order; None = sorted / from TFDS
   source_column: str = "en"  # seq2seq: column / feature of the source language
   target_column: str = "es"  # seq2seq: column / feature of the target language
+  image_column: str = "image"  # hf: the column holding images (image tasks)
+  max_bad_fraction: float = 0.001  # hf: stop if more of a split has nulls / unknown labels
+  token_cache: str = ""  # hf token streams (windows) kept here; '' = WORKDIR/token_cache
   tokenizer: str = "char"  # char | byte | sentencepiece | pretrained | none (images)
   vocab_size: int = 8000  # sentencepiece vocabulary size (char / byte: fixed by the data)
   spm_model_type: str = "unigram"  # sentencepiece: unigram | bpe
@@ -121,6 +127,10 @@ class DataConfig:
     ):
       if value not in allowed:
         raise ValueError(f"DataConfig.{name} must be one of {allowed}, got {value!r}")
+    if not 0 <= self.max_bad_fraction < 1:
+      raise ValueError(
+        f"DataConfig.max_bad_fraction must lie in [0, 1), got {self.max_bad_fraction}"
+      )
     if not 0 < self.mask_rate < 1:
       raise ValueError(f"DataConfig.mask_rate must lie in (0, 1), got {self.mask_rate}")
     if self.vocab_size < 16:

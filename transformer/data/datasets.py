@@ -20,8 +20,9 @@ from typing import Any
 
 import grain
 import numpy as np
+from etils import epath
 
-from transformer.data import features, images, packing, pipeline, sources
+from transformer.data import features, hf_source, images, packing, pipeline, sources
 from transformer.data.config import DataConfig
 from transformer.data.progress import progress
 from transformer.data.spec import DataContext, DataSpec, Shapes
@@ -99,7 +100,9 @@ def make_datasets(
     if b % count:
       raise ValueError(f"{name} {b} is not divisible by process_count {count}")
   per_host, eval_per_host = batch_size // count, eval_batch // count
-  splits = sources.open_splits(cfg, workdir, paired=spec.paired, images=spec.images)
+  splits = sources.open_splits(
+    cfg, workdir, paired=spec.paired, images=spec.images, labelled=spec.labelled
+  )
   c = DataContext(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
   windows = spec.uses_windows(cfg)
   if spec.images:
@@ -113,6 +116,7 @@ def make_datasets(
     stats = (
       {} if windows else sources.scan(cfg, splits, c.tok, spec.row_budget, seq_len, c.target_len)
     )
+  stats.update(splits.stats)
   if cfg.train_examples:  # after the tokenizer and statistics: they see the whole split
     if windows:
       raise ValueError(
@@ -120,12 +124,8 @@ def make_datasets(
         "task reads the training split as one token stream (windows); use 0"
       )
     splits.train = training_subset(splits.train, cfg.train_examples, seed, splits.name)
-  if windows:  # sentence pairs: both columns, one sentence per line
-    keys, sep = (splits.text_keys, "\n") if cfg.source == "pairs" else (c.text_key, "")
-    c.streams = {
-      s: pipeline.token_stream(src, c.tok, keys, sep)
-      for s, src in (("train", splits.train), ("eval", splits.eval))
-    }
+  if windows:
+    c.streams = _token_streams(cfg, splits, c.tok, c.text_key, workdir, stats)
   train_ds, eval_ds = spec.build(c, True, per_host), spec.build(c, False, eval_per_host)
   if cfg.packing and not windows and spec.packing_key:
     probe = dataclasses.replace(c, loader=dataclasses.replace(loader, num_workers=0))
@@ -162,6 +162,31 @@ def make_datasets(
     {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "spec", "tokenizer")},
   )
   return _closed_at_exit(iter(train_ds)), lambda: _closed_at_exit(iter(eval_ds)), info
+
+
+def _token_streams(
+  cfg: DataConfig,
+  splits: sources.Splits,
+  tok: Tokenizer,
+  text_key: str,
+  workdir: str | os.PathLike,
+  stats: dict[str, Any],
+) -> dict[str, np.ndarray]:
+  """Each split as one token stream. Local text and sentence pairs are joined as text (pairs:
+  both columns, one sentence per line); `hf` records are documents, each ended with EOS and
+  the stream cached (`hf_source.token_stream`, `stats['{split}_token_cache']`)."""
+  named = (("train", splits.train), ("eval", splits.eval))
+  if cfg.source != "hf":
+    keys, sep = (splits.text_keys, "\n") if cfg.source == "pairs" else (text_key, "")
+    return {s: pipeline.token_stream(src, tok, keys, sep) for s, src in named}
+  folder = cfg.token_cache or epath.Path(workdir) / "token_cache"
+  streams = {}
+  for split, src in named:
+    streams[split], hit = hf_source.token_stream(src, tok, splits.text_keys, folder)
+    stats[f"{split}_token_cache"] = "read" if hit else "written"
+    logging.info("%s [%s]: %d tokens, cache %s", splits.name, split, len(streams[split]),
+                 "read" if hit else f"written to {folder}")  # fmt: skip
+  return streams
 
 
 class Subset(Sequence):

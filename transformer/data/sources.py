@@ -19,7 +19,7 @@ from typing import Any
 
 from etils import epath
 
-from transformer.data import builders, features, files, image_builders, tfds_compat
+from transformer.data import builders, features, files, hf_source, image_builders, tfds_compat
 from transformer.data.config import DataConfig
 from transformer.data.tokenizers import (
   CharTokenizer,
@@ -39,6 +39,7 @@ class Splits:
   label_names: tuple[str, ...] = ()
   image_shape: tuple[int, ...] | None = None
   text_keys: tuple[str, ...] = ("text",)
+  stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # e.g. bad records skipped
 
 
 def open_splits(
@@ -47,16 +48,19 @@ def open_splits(
   *,
   paired: bool = False,
   images: bool = False,
+  labelled: bool = False,
 ) -> Splits:
   """Prepares (local builders) or opens (TFDS names) the two splits as data sources.
 
   `workdir` holds files a source writes at first use (`sklearn_digits`: IDX files in
   `workdir/datasets/sklearn_digits/`). `paired`: the task reads (source, target) text
-  columns; `images`: it reads the `image` feature.
+  columns; `images`: it reads the `image` feature; `labelled`: a class label (`hf`).
   """
   path, d = cfg.resolved_path(), cfg.data_dir
   if cfg.source == "tfds":
     return _open_tfds(cfg, paired, images)
+  if cfg.source == "hf":
+    return Splits(name=cfg.path, **hf_source.open_hf(cfg, paired, images, labelled))
   if cfg.source == "text":
     b = builders.text_corpus(
       path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction

@@ -63,8 +63,8 @@ class TextClassification(Classifying):
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
-    if data.source not in ("labelled", "tfds"):
-      fail("data.source", data.source, "data.kind 'classification' reads 'labelled' or 'tfds' data")
+    if data.source not in ("labelled", "tfds", "hf"):
+      fail("data.source", data.source, "data.kind 'classification' reads 'labelled', 'tfds' or 'hf' data")
 
   def data_spec(self) -> DataSpec:
     return DataSpec(

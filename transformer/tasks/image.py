@@ -67,9 +67,9 @@ class ImageClassification(Classifying):
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
-    if data.source not in (*IMAGE_SOURCES, "tfds"):
+    if data.source not in (*IMAGE_SOURCES, "tfds", "hf"):
       fail("data.source", data.source,
-           f"data.kind 'image' reads {', '.join(IMAGE_SOURCES)} or tfds")  # fmt: skip
+           f"data.kind 'image' reads {', '.join(IMAGE_SOURCES)}, tfds or hf")  # fmt: skip
     if data.image_size and data.image_size != model.image_size:
       fail("data.image_size", data.image_size, f"must be model.image_size={model.image_size}")
 

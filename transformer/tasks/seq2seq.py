@@ -124,8 +124,8 @@ class SequenceToSequence(EncoderDecoderTask):
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
-    if data.source not in ("pairs", "tfds"):
-      fail("data.source", data.source, "data.kind 'seq2seq' reads 'pairs' or 'tfds' data")
+    if data.source not in ("pairs", "tfds", "hf"):
+      fail("data.source", data.source, "data.kind 'seq2seq' reads 'pairs', 'tfds' or 'hf' data")
 
   def data_spec(self) -> DataSpec:
     return DataSpec(
