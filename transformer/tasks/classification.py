@@ -64,7 +64,8 @@ class TextClassification(Classifying):
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
     if data.source not in ("labelled", "tfds", "hf"):
-      fail("data.source", data.source, "data.kind 'classification' reads 'labelled', 'tfds' or 'hf' data")
+      rule = "data.kind 'classification' reads 'labelled', 'tfds' or 'hf' data"
+      fail("data.source", data.source, rule)
 
   def data_spec(self) -> DataSpec:
     return DataSpec(
