@@ -256,3 +256,27 @@ def test_sharded_bf16_checkpoint_loads_from_object_storage(emulator, tmp_path):
     np.testing.assert_array_equal(value, expected, err_msg=str(key))
   embed = model.model.embed_tokens.weight.detach().float().numpy()
   np.testing.assert_array_equal(got["params"]["token_embed"]["embedding"], embed)
+
+
+def test_a_parquet_folder_on_object_storage_reads_as_the_local_one(emulator, tmp_path, monkeypatch):
+  """data.source='hf' with a gs:// folder: listed and fetched through gcsfs into the local
+  `datasets` cache, the same records as the shipped folder it was copied from. `datasets`
+  fetches nothing remote while offline (the test session's setting): one line says so."""
+  import datasets
+  from etils import epath
+
+  from transformer.data import DataConfig, sources
+
+  local = os.path.join(REPO, "data", "shakespeare_speeches")
+  remote = epath.Path(f"gs://{BUCKET}/speeches")
+  for name in sorted(os.listdir(local)):
+    (remote / name).write_bytes(open(os.path.join(local, name), "rb").read())
+  cfg = DataConfig(source="hf", path=local, data_dir=str(tmp_path / "cache"))
+  want = sources.open_splits(cfg)
+  on_storage = cfg.replace(path=str(remote), data_dir=str(tmp_path / "cache2"))
+  with pytest.raises(ConnectionError, match="reads no remote files while HF_DATASETS_OFFLINE"):
+    sources.open_splits(on_storage)
+  monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+  got = sources.open_splits(on_storage)
+  for a, b in ((want.train, got.train), (want.eval, got.eval)):
+    assert len(a) == len(b) and list(a) == list(b)

@@ -127,6 +127,19 @@ def test_parquet_jsonl_and_arrow_give_the_same_records(tables):
     assert splits.stats == {"train_bad_records": 0, "eval_bad_records": 0}
 
 
+def test_nested_fields_are_read_by_their_dotted_names(tables, tmp_path):
+  rows = tables["splits"]["train"][:40]
+  path = tmp_path / "pairs.jsonl"
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps({"translation": {"en": r["en"], "es": r["es"]}}) + "\n" for r in rows)
+  cfg = _hf(tables, path=str(path), kind="seq2seq", source_column="translation.en",
+            target_column="translation.es", validation_fraction=0.1, test_fraction=0.0)  # fmt: skip
+  splits = sources.open_splits(cfg, paired=True)
+  assert splits.text_keys == ("translation.en", "translation.es")
+  got = list(splits.train) + list(splits.eval)  # the first 36 records, then the last 4
+  assert got == [{"translation.en": r["en"], "translation.es": r["es"]} for r in rows]
+
+
 def test_a_file_or_glob_is_one_split_cut_like_local_text(tables):
   rows = tables["splits"]["train"]
   glob = str(tables["root"] / "parquet" / "train-*.parquet")

@@ -17,9 +17,10 @@ task reads (docs/DATA.md):
   local text: validation and test are its last `validation_fraction` and `test_fraction`
   of records, train the records before them.
 - **Columns**: `text_column`, or `source_column` / `target_column` for pairs, must hold
-  text; `label_column` class labels, integers or strings (strings become ids in the order
-  of `data.label_names`, or sorted); `image_column` images. A missing column or one of
-  another type is one error line naming the field and the data.
+  text (a nested field by its dotted name: 'translation.de'); `label_column` class labels,
+  integers or strings (strings become ids in the order of `data.label_names`, or sorted);
+  `image_column` images. A missing column or one of another type is one error line naming
+  the field and the data.
 - **Bad records**: a record with a null in a column the task reads (or a label outside
   `label_names`) is never trained on. Such records are counted over the whole split up
   front (Arrow's null counts; no record is read), skipped with a warning, and reported in
@@ -116,6 +117,8 @@ def open_hf(cfg: DataConfig, paired: bool, images: bool, labelled: bool) -> dict
     columns = {cfg.text_column: ("text_column", cfg.text_column)}
   if labelled:
     columns["label"] = ("label_column", cfg.label_column)
+  if any("." in column and column not in train.features for _, column in columns.values()):
+    train, held_out = train.flatten(), held_out.flatten()  # 'translation.de': a nested field
   for key, (field, column) in columns.items():
     if column not in train.features:
       fail(f"data.{field}", column, f"no such column in {name}; columns: {sorted(train.features)}")
@@ -154,26 +157,35 @@ def _kind(feature: Any) -> str:
 
 def _where(cfg: DataConfig) -> tuple[str, dict[str, Any]]:
   """`load_dataset`'s path and keyword arguments for `cfg.path` (module docstring)."""
+  import datasets
+
   path, kwargs = cfg.path, {"cache_dir": cfg.data_dir}
-  local = epath.Path(cfg.resolved_path()) if not files.is_remote(path) else epath.Path(path)
+  where = epath.Path(path) if files.is_remote(path) else epath.Path(cfg.resolved_path())
   suffix = next((s for s in FORMATS if path.endswith(s)), None)
-  if suffix is None and (files.is_remote(path) or local.is_dir()):
-    if not local.is_dir():
-      raise FileNotFoundError(f"data.path={path!r}: no such folder")
-    kinds = {FORMATS[s] for f in local.iterdir() for s in FORMATS if f.name.endswith(s)}
-    kinds |= {FORMATS[s] for d in local.iterdir() if d.is_dir() for f in d.iterdir()
-              for s in FORMATS if f.name.endswith(s)}  # fmt: skip
-    if len(kinds) != 1:
-      raise ValueError(
-        f"data.path={path!r}: expected .parquet, .jsonl / .json or .arrow files of one "
-        f"format in the folder or its split folders, found {sorted(kinds) or 'none'}"
-      )
-    return kinds.pop(), {**kwargs, "data_dir": str(local)}
   if suffix is not None:
-    if not files.is_remote(path) and not any(c in path for c in "*?[") and not local.exists():
+    if not files.is_remote(path) and not any(c in path for c in "*?[") and not where.exists():
       raise FileNotFoundError(f"data.path={path!r}: no such file")
-    return FORMATS[suffix], {**kwargs, "data_files": {"train": str(local)}}
-  return path, {**kwargs, "name": cfg.hf_config or None}
+    return FORMATS[suffix], {**kwargs, "data_files": {"train": str(where)}}
+  if not (files.is_remote(path) or where.is_dir()):
+    return path, {**kwargs, "name": cfg.hf_config or None}  # a Hub name
+  if not where.is_dir():
+    raise FileNotFoundError(f"data.path={path!r}: no such folder")
+  try:  # the Hub's split names: train-*.parquet, validation/, test.jsonl, ...
+    patterns = datasets.data_files.get_data_patterns(str(where))
+    found = datasets.data_files.DataFilesDict.from_patterns(patterns, base_path=str(where))
+  except datasets.data_files.EmptyDatasetError:
+    found = {}
+  split_files = {split: [str(f) for f in names] for split, names in found.items()}
+  kinds = {FORMATS[s] for names in split_files.values() for f in names for s in FORMATS
+           if f.endswith(s)}  # fmt: skip
+  if len(kinds) != 1 or any(
+    not f.endswith(tuple(FORMATS)) for n in split_files.values() for f in n
+  ):
+    raise ValueError(
+      f"data.path={path!r}: expected .parquet, .jsonl / .json or .arrow files of one "
+      f"format in the folder or its split folders, found {sorted(kinds) or 'none'}"
+    )
+  return kinds.pop(), {**kwargs, "data_files": split_files}
 
 
 def _load(cfg: DataConfig) -> Any:
@@ -191,6 +203,11 @@ def _load(cfg: DataConfig) -> Any:
       f"data.path={cfg.path!r}: unreadable or truncated file: {str(cause).splitlines()[0]}"
     ) from e
   except (ConnectionError, datasets.exceptions.DatasetNotFoundError) as e:
+    if builder != cfg.path and files.is_remote(cfg.path) and datasets.config.HF_HUB_OFFLINE:
+      raise ConnectionError(
+        f"data.path={cfg.path!r}: datasets reads no remote files while HF_DATASETS_OFFLINE "
+        "or HF_HUB_OFFLINE is set; unset it (the files are fetched into its cache once)"
+      ) from e
     if builder != cfg.path:
       raise
     config = f", {cfg.hf_config!r}" if cfg.hf_config else ""
