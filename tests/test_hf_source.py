@@ -401,3 +401,16 @@ def test_a_killed_run_on_parquet_resumes_bit_exactly(tmp_path):
   want, got = fh.final_state(reference), fh.final_state(workdir)
   assert want["step"] == got["step"] == 40
   assert fh.bit_equal(want["state"], got["state"]) == []
+
+
+def test_the_shipped_parquet_speeches_are_what_the_script_writes(tmp_path):
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("make_parquet", REPO / "scripts/make_parquet.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  assert script.write(tmp_path) == {"train": 6499, "validation": 723}
+  for name in ("train-00000-of-00001.parquet", "validation-00000-of-00001.parquet"):
+    assert (tmp_path / name).read_bytes() == (
+      REPO / "data/shakespeare_speeches" / name
+    ).read_bytes()

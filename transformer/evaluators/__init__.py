@@ -3,6 +3,8 @@
   sample     evaluators/sample.py     a text sample at the end of training; eval.py --prompt
   bleu       evaluators/bleu.py       corpus BLEU every `bleu_every` updates and from eval.py
   confusion  evaluators/confusion.py  a confusion matrix (table and PNG) from eval.py
+  harness    evaluators/harness.py    lm-evaluation-harness tasks every `harness_every`
+                                      updates (python -m transformer.lm_eval: of a workdir)
 
 The config's `evaluators` names those a run uses; () = its task's own (`Task.evaluators`:
 lm and distill 'sample', seq2seq 'bleu', classification and image 'confusion'). `check`
@@ -23,10 +25,13 @@ from transformer.data.config import fail
 from transformer.evaluators.base import EvalOptions, Evaluator, TrainingOptions
 from transformer.evaluators.bleu import Bleu
 from transformer.evaluators.confusion import Confusion
+from transformer.evaluators.harness import Harness
 from transformer.evaluators.sample import Sample
 from transformer.tasks.base import Task
 
-EVALUATORS: dict[str, type[Evaluator]] = {cls.name: cls for cls in (Sample, Bleu, Confusion)}
+EVALUATORS: dict[str, type[Evaluator]] = {
+  cls.name: cls for cls in (Sample, Bleu, Confusion, Harness)
+}
 
 
 def names(configured: Sequence[str], task: Task) -> tuple[str, ...]:
@@ -34,9 +39,10 @@ def names(configured: Sequence[str], task: Task) -> tuple[str, ...]:
   return tuple(configured) or task.evaluators
 
 
-def check(configured: Sequence[str], task: Task) -> None:
+def check(configured: Sequence[str], task: Task, options: TrainingOptions | None = None) -> None:
   """Raises `ValueError` in one line naming `config.evaluators` for an unknown or repeated
-  name, or an evaluator `task` cannot run."""
+  name, or an evaluator `task` cannot run; with `options`, naming the field of a setting
+  one of the run's evaluators cannot honour (`Evaluator.check_options`)."""
   for name in configured:
     if name not in EVALUATORS:
       known = ", ".join(EVALUATORS)
@@ -47,6 +53,9 @@ def check(configured: Sequence[str], task: Task) -> None:
       fail("evaluators", tuple(configured), rule)
   if len(set(configured)) < len(configured):
     fail("evaluators", tuple(configured), "names an evaluator twice")
+  if options is not None:
+    for name in names(configured, task):
+      EVALUATORS[name].check_options(options)
 
 
 def for_training(

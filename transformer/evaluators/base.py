@@ -29,6 +29,10 @@ class TrainingOptions:
   sample_prompt: str = ""  # sample: text whose continuation is printed at the end
   sample_tokens: int = 200  # sample: tokens sampled at the end (0 = no sample)
   sample_temperature: float = 0.8  # sample: sampling temperature of the final sample
+  harness_tasks: tuple[str, ...] = ()  # harness: lm-eval task names
+  harness_every: int = 0  # harness: steps between runs (and at the end); 0 = at the end only
+  harness_limit: int = 0  # harness: documents per task (0 = all)
+  harness_fewshot: int = 0  # harness: examples in each prompt
   seed: int = 0  # seeds the sampling
 
 
@@ -72,6 +76,12 @@ class Evaluator(abc.ABC):
   @abc.abstractmethod
   def for_eval(cls, task: Task, options: EvalOptions) -> Evaluator:
     """The evaluator as `eval.py`'s options configure it."""
+
+  @classmethod
+  def check_options(cls, options: TrainingOptions) -> None:  # noqa: B027 (a hook)
+    """Refuses training settings it cannot run, when the config is validated (one line
+    naming the field; default: none)."""
+    del options
 
   def check(self, model: ModelConfig, tokenizer: Any) -> None:  # noqa: B027 (a hook)
     """Refuses settings it cannot honour, before any evaluation work (default: none)."""

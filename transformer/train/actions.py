@@ -181,13 +181,17 @@ class Evaluate:
 
   def finish(self, state) -> None:
     """Runs the evaluators that run once at the end (an LM's sample; the loop calls it on
-    the primary process) and logs the texts they return (tag -> text)."""
+    the primary process) and logs the texts (tag -> text) and scalars they return."""
     final = [e for e in self.chosen if e.at_end]
     run = self.view(state) if final else None
     for evaluator in final:
-      for tag, value in evaluator.run(run).items():
+      result = evaluator.run(run)
+      for tag, value in result.items():
         if isinstance(value, str):
           self.writer.write_text(run.step, tag, value)
+      numbers = {k: v for k, v in result.items() if type(v) in (int, float)}
+      if numbers:  # e.g. the harness's scores
+        self.writer.write_scalars(run.step, numbers, split="eval")
 
   def loss(self, state, desc: str) -> dict | None:
     """The loss metrics alone (no log); None when interrupted (`should_stop`)."""

@@ -107,9 +107,14 @@ class EvalConfig:
   sample_prompt: str = ""  # LM only: text whose continuation is printed at the end
   sample_tokens: int = 200  # LM only: tokens sampled at the end (0 = no sample)
   sample_temperature: float = 0.8  # LM only: sampling temperature of the final sample
+  harness_tasks: tuple[str, ...] = ()  # evaluator 'harness': lm-eval task names
+  harness_every: int = 0  # evaluator 'harness': steps between runs (and at the end); 0 = end
+  harness_limit: int = 0  # evaluator 'harness': documents per task (0 = all)
+  harness_fewshot: int = 0  # evaluator 'harness': examples in each prompt
 
   def __post_init__(self):
     _positive(self, "eval_every", "eval_batches", "sample_tokens", "bleu_every", minimum=0)
+    _positive(self, "harness_every", "harness_limit", "harness_fewshot", minimum=0)
     _positive(self, "bleu_beam_size", minimum=0)
     if self.sample_temperature <= 0:
       fail("sample_temperature", self.sample_temperature, "must be > 0")
@@ -332,7 +337,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   except ValueError as e:
     raise ValueError(f"config.model: {e}") from None
   task.check(model, data)
-  evaluators.check(evaluation.evaluators, task)
+  evaluators.check(evaluation.evaluators, task, evaluation.training_options(loop.seed))
 
   optimizer = convert(optimizer_lib.OptimizerConfig, as_dict(config.optimizer), "optimizer.")
   schedule_cfg = convert(ScheduleConfig, as_dict(config.schedule), "schedule.")
