@@ -116,8 +116,9 @@ def test_a_yaml_task_over_a_local_jsonl_runs_offline_on_a_finished_run(trained, 
   )
   workdir = tmp_path / "run"
   shutil.copytree(trained["workdir"], workdir)
-  results = lm_eval_cli.main(["--workdir", str(workdir), "--tasks", "tiny_choice,shakespeare_continuation",
-                              "--limit", "5", "--include_path", str(tmp_path / "tasks")])  # fmt: skip
+  tasks = "tiny_choice,shakespeare_continuation"
+  flags = ["--limit", "5", "--include_path", str(tmp_path / "tasks")]
+  results = lm_eval_cli.main(["--workdir", str(workdir), "--tasks", tasks, *flags])
   saved = json.loads((workdir / f"lm_eval_step_{trained['step']}.json").read_text())
   assert saved["results"] == results["results"]
   assert saved["results"]["tiny_choice"]["acc,none"] in (0.0, 1.0)
