@@ -16,6 +16,7 @@ from transformer.data.tokenizers import CharTokenizer
 from transformer.evaluators import EVALUATORS, EvalOptions, TrainingOptions
 from transformer.evaluators.bleu import Bleu
 from transformer.evaluators.confusion import Confusion
+from transformer.evaluators.harness import Harness
 from transformer.evaluators.sample import Sample
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
@@ -38,7 +39,7 @@ def _seq2seq(**top):
 
 
 def test_the_registry_names_each_evaluator_by_its_own_name():
-  assert EVALUATORS == {"sample": Sample, "bleu": Bleu, "confusion": Confusion}
+  assert EVALUATORS == {"sample": Sample, "bleu": Bleu, "confusion": Confusion, "harness": Harness}
   for name, cls in EVALUATORS.items():
     assert cls.name == name
 
@@ -77,7 +78,8 @@ def test_an_empty_choice_means_the_tasks_own_and_a_named_one_is_kept():
   [
     (
       _lm(evaluators=("bogus",)),
-      "config.evaluators=('bogus',): unknown evaluator 'bogus'; known: sample, bleu, confusion",
+      "config.evaluators=('bogus',): unknown evaluator 'bogus'; "
+      "known: sample, bleu, confusion, harness",
     ),
     (
       _lm(evaluators=("bleu",)),
@@ -100,7 +102,16 @@ def test_an_empty_choice_means_the_tasks_own_and_a_named_one_is_kept():
     ),
     (
       _lm(evaluators=(3,)),
-      "config.evaluators=(3,): unknown evaluator 3; known: sample, bleu, confusion",
+      "config.evaluators=(3,): unknown evaluator 3; known: sample, bleu, confusion, harness",
+    ),
+    (
+      _lm(evaluators=("harness",)),
+      "config.harness_tasks=(): names no task; the 'harness' evaluator needs one or more",
+    ),
+    (
+      _seq2seq(evaluators=("harness",), harness_tasks=("shakespeare_continuation",)),
+      "config.evaluators=('harness',): 'harness' cannot run on data.kind 'seq2seq': needs a task "
+      "whose model continues text (a language model)",
     ),
   ],
 )
@@ -112,7 +123,7 @@ def test_an_evaluator_the_run_cannot_use_is_refused_in_one_line(config, message)
 
 def test_training_settings_come_from_the_config_fields():
   options = experiment.validate(_seq2seq(bleu_every=4, bleu_beam_size=3)).eval.training_options(7)
-  assert options == TrainingOptions(4, 3, "", 0, 0.8, 7)
+  assert options == TrainingOptions(4, 3, "", 0, 0.8, seed=7)
   (bleu,) = evaluators.for_training((), tasks.get("seq2seq")(), options)
   assert bleu == Bleu(every=4, method="beam", beam_size=3)
   assert [d for d in range(1, 11) if bleu.due(d, 10)] == [4, 8, 10]  # and after the last
