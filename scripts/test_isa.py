@@ -48,6 +48,7 @@ TESTS = [
   "tests/test_convert_vision.py",
   "tests/test_golden_curves.py",
   "tests/test_faults_kill_resume.py",
+  "tests/test_lm_eval.py",
   "tests/test_train.py",
 ]
 SUMMARY = re.compile(r"\d+ (passed|failed|error)")
