@@ -169,3 +169,40 @@ def test_the_shipped_task_is_what_the_script_writes(tmp_path):
     json.loads(line)["label"] for line in (tmp_path / "test.jsonl").read_text().splitlines()
   ]
   assert set(labels) == {0, 1, 2, 3}  # the true span is not always in one place
+
+
+def test_a_hugging_face_checkpoint_scores_as_transformers_does(tmp_path):
+  """`--model hf:DIR`: a tiny random GPT-2 written by scripts/make_tiny_hf.py, read as
+  `init_from` reads it. Its `loglikelihood` equals the log-probabilities of the same
+  directory loaded by transformers (PyTorch, float64 log-softmax), and the command writes
+  the harness's results under `--output`."""
+  import importlib.util
+  from pathlib import Path
+
+  import torch
+  import transformers
+
+  repo = Path(__file__).resolve().parents[1]
+  spec = importlib.util.spec_from_file_location("make_tiny_hf", repo / "scripts/make_tiny_hf.py")
+  script = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(script)
+  folder = script.make("gpt2", tmp_path / "gpt2", texts=script.corpus(60))
+  model, params, tokenizer, _ = lm_eval_cli._pretrained(f"hf:{folder}")
+  lm = harness_lm.HarnessLM(model, params, tokenizer, batch_size=2)
+  pairs = [("To be, or not", " to be"), ("ROMEO:", " What light")]
+  got = lm.loglikelihood(_requests("loglikelihood", pairs))
+  reference = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+  for (context, continuation), (logp, _) in zip(pairs, got, strict=True):
+    ids, n = (
+      tokenizer.encode(context) + tokenizer.encode(continuation),
+      len(tokenizer.encode(continuation)),
+    )
+    with torch.no_grad():
+      logits = reference(torch.tensor([ids])).logits[0].double()
+    want = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])][-n:]
+    assert abs(logp - float(want.sum())) < 1e-4, (context, logp, float(want.sum()))
+  out = tmp_path / "results"
+  results = lm_eval_cli.main(["--model", f"hf:{folder}", "--output", str(out), "--tasks",
+                              "shakespeare_continuation", "--limit", "4"])  # fmt: skip
+  assert (out / "lm_eval_step_0.json").exists()
+  assert 0.0 <= results["results"]["shakespeare_continuation"]["acc,none"] <= 1.0

@@ -3,9 +3,12 @@
   python -m transformer.lm_eval --workdir runs/lm_shakespeare --tasks shakespeare_continuation
   python -m transformer.lm_eval --workdir DIR --tasks hellaswag,arc_easy --limit 100 --num_fewshot 5
   python -m transformer.lm_eval --workdir DIR --tasks my_task --include_path my_tasks/
+  python -m transformer.lm_eval --model hf:Qwen/Qwen3-0.6B --output runs/qwen_eval --tasks ...
 
 `--workdir` is a run of this project (its saved config and latest checkpoint, or
-`--checkpoint STEP`), trained from scratch or from an imported checkpoint (`init_from`).
+`--checkpoint STEP`), trained from scratch or from an imported checkpoint (`init_from`);
+`--model hf:DIR` (or `hf:ORG/NAME` from the Hugging Face cache) is a checkpoint read as
+`init_from` reads it, with its own tokenizer, results written under `--output`.
 `--tasks`: comma-separated names: our shipped tasks (`shakespeare_continuation`), the
 harness's own (their datasets must be in the local `datasets` cache when offline), or
 tasks defined by YAML files under `--include_path`. The harness's results are written to
@@ -24,7 +27,10 @@ from etils import epath
 
 def main(argv: list[str] | None = None) -> dict:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workdir", required=True, help="a training run's directory")
+  where = parser.add_mutually_exclusive_group(required=True)
+  where.add_argument("--workdir", help="a training run's directory")
+  where.add_argument("--model", help="hf:DIR or hf:ORG/NAME, a Hugging Face checkpoint")
+  parser.add_argument("--output", help="with --model: the folder for the results")
   parser.add_argument("--tasks", required=True, help="comma-separated task names")
   parser.add_argument("--limit", type=int, default=0, help="documents per task (0 = all)")
   parser.add_argument("--num_fewshot", type=int, default=None, help="examples per prompt")
@@ -38,26 +44,48 @@ def main(argv: list[str] | None = None) -> dict:
 
   harness = adapter()
   harness.task_configs(names, args.include_path)  # an unknown name fails before the restore
-  from transformer.eval.evaluate import restore
-  from transformer.train.metric_writers import MetricWriter
+  if args.model:
+    if not args.output:
+      parser.error("--model needs --output (a folder for the results)")
+    model, params, tokenizer, step = _pretrained(args.model)
+    out = args.output
+  else:
+    from transformer.eval.evaluate import restore
 
-  s, state, step = restore(args.workdir, args.checkpoint)
-  if s.model_cfg.family != "decoder":
-    raise SystemExit(
-      f"--workdir {args.workdir}: a {s.model_cfg.family!r} model; lm-eval scores decoders"
-    )
-  lm = harness.HarnessLM(s.model, state.params, s.info.tokenizer, batch_size=args.batch_size)
+    s, state, step = restore(args.workdir, args.checkpoint)
+    model, params, tokenizer, out = s.model, state.params, s.info.tokenizer, args.workdir
+  if model.config.family != "decoder":
+    raise SystemExit(f"{args.workdir or args.model}: a {model.config.family!r} model; lm-eval "
+                     "scores decoders")  # fmt: skip
+  lm = harness.HarnessLM(model, params, tokenizer, batch_size=args.batch_size)
   results = harness.evaluate_tasks(lm, names, args.limit, args.num_fewshot, args.include_path)
   results["step"] = step
-  path = epath.Path(args.workdir) / f"lm_eval_step_{step}.json"
+  path = epath.Path(out) / f"lm_eval_step_{step}.json"
+  path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(results, indent=1, sort_keys=True), encoding="utf-8")
-  writer = MetricWriter(args.workdir, is_primary=True, console=False)
+  from transformer.train.metric_writers import MetricWriter
+
+  writer = MetricWriter(out, is_primary=True, console=False)
   writer.write_scalars(step, harness.scalars(results), split="lm_eval")
   writer.close()
   for name, value in harness.scalars(results).items():  # not lm_eval's table: it forks
     print(f"{name}: {value:.4f}")
   print(f"results: {path}")
   return results
+
+
+def _pretrained(source: str) -> tuple:
+  """(model, parameters, tokenizer, step 0) of an `hf:` checkpoint, read as `init_from`
+  reads it (transformer/convert), with the tokenizer files of its directory."""
+  from transformer.convert import sources, tokenizers
+  from transformer.nn.models import build_model
+  from transformer.train.setup import load_trained
+
+  found = sources.find(source)
+  if found is None or found[0] is not sources.HF:
+    raise SystemExit(f"--model {source!r}: expected hf:DIR or hf:ORG/NAME")
+  config, params = load_trained(source)
+  return build_model(config), params, tokenizers.from_pretrained_dir(found[1]), 0
 
 
 if __name__ == "__main__":
