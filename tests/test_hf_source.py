@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import math
 import os
@@ -279,6 +280,7 @@ def test_records_are_shuffled_by_a_seeded_permutation():
   epoch0 = np.array([order[i][1] for i in range(n)])  # (index, record): the records
   epoch1 = np.array([order[n + i][1] for i in range(n)])
   assert sorted(epoch0) == list(range(n)) and sorted(epoch1) == list(range(n))
+  assert all(order[n + i][0] == order[n + i][1] for i in range(100))  # errors name the record
   assert (epoch0 != epoch1).mean() > 0.99
   strides = np.diff(epoch0) % n
   assert np.unique(strides).size > n // 2  # a stride shuffle has one
@@ -360,6 +362,27 @@ def test_null_and_unknown_label_records_are_counted_skipped_or_stop_the_run(tmp_
   assert {r["label"] for r in splits.train} == {0, 1}
   only_null = cfg.replace(max_bad_fraction=0.9, train_split="validation[1:]")
   _raises(ValueError, "[validation[1:]]: no records (1 bad of 1)", only_null, labelled=True)
+
+
+def test_an_image_that_does_not_decode_names_its_row(tables, tmp_path):
+  import PIL.Image
+
+  pngs = []
+  for image in tables["images"][:4]:
+    buffer = io.BytesIO()
+    PIL.Image.fromarray(image).save(buffer, format="PNG")
+    pngs.append(buffer.getvalue())
+  pngs[2] = pngs[2][:20]  # cut short
+  pq.write_table(pa.table({"image": pngs, "label": [0, 1, 2, 3]}), tmp_path / "train.parquet")
+  cfg = DataConfig(source="hf", path=str(tmp_path / "train.parquet"), kind="image",
+                   tokenizer="none", validation_fraction=0.0, test_fraction=0.0,
+                   eval_split="train", data_dir=str(tmp_path / "cache"))  # fmt: skip
+  splits = sources.open_splits(cfg, images=True, labelled=True)
+  assert splits.image_shape == (8, 8, 1) and np.array_equal(
+    splits.train[1]["image"], tables["images"][1]
+  )
+  with pytest.raises(ValueError, match=r"train.parquet \[train\] \[row 2\]: does not decode: "):
+    splits.train.__getitems__([0, 1, 2, 3])
 
 
 def test_new_data_fields_are_checked():

@@ -24,7 +24,8 @@ task reads (docs/DATA.md):
 - **Bad records**: a record with a null in a column the task reads (or a label outside
   `label_names`) is never trained on. Such records are counted over the whole split up
   front (Arrow's null counts; no record is read), skipped with a warning, and reported in
-  `DataInfo.stats`; above `data.max_bad_fraction` of a split the run stops.
+  `DataInfo.stats`; above `data.max_bad_fraction` of a split the run stops. An image that
+  does not decode stops the run when it is read, naming its split and row.
 - **Token streams** (`data.windows`): tokenized once per (data fingerprint, tokenizer) and
   kept as `.npy` in `data.token_cache` (default `WORKDIR/token_cache`), memory-mapped by
   every later run (`token_stream`).
@@ -64,9 +65,10 @@ class Records(Sequence):
     columns: dict[str, str],
     indices: np.ndarray | None = None,
     label_ids: dict[str, int] | None = None,
+    name: str = "",
   ):
     self.ds = ds.select_columns(sorted(set(columns.values())))
-    self.columns, self.indices, self.label_ids = columns, indices, label_ids
+    self.columns, self.indices, self.label_ids, self.name = columns, indices, label_ids, name
     picked = b"" if indices is None else hashlib.sha256(indices.tobytes()).digest()
     self.fingerprint = hashlib.sha256(ds._fingerprint.encode() + picked).hexdigest()[:16]
 
@@ -78,7 +80,16 @@ class Records(Sequence):
 
   def __getitems__(self, positions: Sequence[int]) -> list[dict[str, Any]]:
     rows = [int(i) for i in positions] if self.indices is None else self.indices[positions]
-    return [self._record(row) for row in self.ds.__getitems__([int(r) for r in rows])]
+    rows = [int(r) for r in rows]
+    try:
+      return [self._record(row) for row in self.ds.__getitems__(rows)]
+    except Exception:  # a record that does not decode (an image): find it and name it
+      for row in rows:
+        try:
+          self._record(self.ds[row])
+        except Exception as e:
+          raise ValueError(f"{self.name} [row {row}]: does not decode: {files.one_line(e)}") from e
+      raise
 
   def _record(self, row: dict[str, Any]) -> dict[str, Any]:
     out = {key: row[column] for key, column in self.columns.items()}
@@ -130,7 +141,7 @@ def open_hf(cfg: DataConfig, paired: bool, images: bool, labelled: bool) -> dict
   splits, stats = [], {}
   for role, split, ds in (("train", cfg.train_split, train), ("eval", cfg.eval_split, held_out)):
     keep = _good_rows(cfg, ds, mapping, label_ids, f"{name} [{split}]")
-    splits.append(Records(ds, mapping, keep, label_ids))
+    splits.append(Records(ds, mapping, keep, label_ids, f"{name} [{split}]"))
     stats[f"{role}_bad_records"] = len(ds) - len(splits[-1])
   text_keys = (cfg.source_column, cfg.target_column) if paired else (cfg.text_column,)
   image_shape = None

@@ -86,14 +86,21 @@ def derive_seed(seed: int, tag: str) -> int:
   return int(np.random.SeedSequence([seed, *tag.encode()]).generate_state(1)[0])
 
 
-def _with_index(index: int, record: Any) -> tuple[int, Any]:
-  return index, record
+@dataclasses.dataclass(frozen=True)
+class _WithIndex:
+  """(index, record) -> (the record's index in the source, record): a later epoch reads
+  the source at index + epoch x n (grain wraps it around), and errors name the record."""
+
+  n: int
+
+  def __call__(self, index: int, record: Any) -> tuple[int, Any]:
+    return index % self.n, record
 
 
 def records(source: Sequence, loader: Loader) -> grain.MapDataset:
   """(source index, record) pairs of this host's shard, in source order."""
   index, count = loader.host()
-  return grain.MapDataset.source(source).map_with_index(_with_index)[index::count]
+  return grain.MapDataset.source(source).map_with_index(_WithIndex(len(source)))[index::count]
 
 
 def shard(ds: grain.MapDataset, loader: Loader) -> grain.MapDataset:
