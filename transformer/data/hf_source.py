@@ -83,6 +83,8 @@ class Records(Sequence):
     rows = [int(r) for r in rows]
     try:
       return [self._record(row) for row in self.ds.__getitems__(rows)]
+    except IndexError:  # past the end: how a Sequence's iteration stops
+      raise
     except Exception:  # a record that does not decode (an image): find it and name it
       for row in rows:
         try:
