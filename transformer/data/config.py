@@ -12,8 +12,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
-from collections.abc import Mapping
-from numbers import Integral
+from collections.abc import Mapping, Sequence
+from numbers import Integral, Real
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -117,6 +117,8 @@ class DataConfig:
   teacher: str = ""  # distill: the frozen teacher, a run's workdir or hf:DIR
   distill_temperature: float = 2.0  # distill: softmax temperature of both distributions
   distill_alpha: float = 0.5  # distill: weight of the soft (KL) term; the labels get 1 - alpha
+  # ((source fields, weight), ...): train on several sources in proportion (data/mixture.py)
+  mixture: tuple = ()
 
   def __post_init__(self):
     for name, value, allowed in (
@@ -127,6 +129,8 @@ class DataConfig:
     ):
       if value not in allowed:
         raise ValueError(f"DataConfig.{name} must be one of {allowed}, got {value!r}")
+    if self.mixture:
+      object.__setattr__(self, "mixture", normalized_mixture(self.mixture))
     if not 0 <= self.max_bad_fraction < 1:
       raise ValueError(
         f"DataConfig.max_bad_fraction must lie in [0, 1), got {self.max_bad_fraction}"
@@ -178,6 +182,55 @@ class DataConfig:
     """`path` as given if it exists, else in the shipped tree (`data/...`: the checkout's or
     the installed copy; `resolve_shipped`)."""
     return resolve_shipped(self.path)
+
+
+# The fields a mixture entry may set: where one source's records are and how to read them.
+SOURCE_FIELDS = (
+  "name", "source", "path", "data_dir", "hf_config", "train_split", "eval_split",
+  "validation_fraction", "test_fraction", "text_column", "label_column", "label_names",
+  "source_column", "target_column", "image_column", "max_bad_fraction", "token_cache",
+  "train_examples", "windows",
+)  # fmt: skip
+
+
+def normalized_mixture(mixture: Any) -> tuple[tuple[tuple[tuple[str, Any], ...], float], ...]:
+  """The mixture as ((fields as sorted (key, value) pairs, weight), ...): hashable, as a
+  frozen config is; or ValueError in one line naming the entry."""
+  if not isinstance(mixture, Sequence) or isinstance(mixture, str):
+    raise ValueError(
+      f"DataConfig.mixture must be a sequence of (data block, weight), got {mixture!r}"
+    )
+  out = []
+  for i, entry in enumerate(mixture):
+    where = f"DataConfig.mixture[{i}]"
+    if isinstance(entry, Mapping) or not isinstance(entry, Sequence) or len(entry) != 2:
+      raise ValueError(f"{where}: expected (data block, weight), got {entry!r}")
+    fields, weight = entry
+    fields = fields.to_dict() if hasattr(fields, "to_dict") else fields
+    if not isinstance(fields, Mapping):
+      raise ValueError(f"{where}: the data block must be a mapping of fields, got {fields!r}")
+    unknown = sorted(set(fields) - set(SOURCE_FIELDS))
+    if unknown:
+      raise ValueError(
+        f"{where}: {unknown} cannot differ between sources; a source sets {SOURCE_FIELDS}"
+      )
+    if isinstance(weight, bool) or not isinstance(weight, Real) or not weight > 0:
+      raise ValueError(f"{where}: the weight must be a number > 0, got {weight!r}")
+    pairs = tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in fields.items()))
+    out.append((pairs, float(weight)))
+  if len(out) == 1:
+    raise ValueError("DataConfig.mixture: one source is not a mixture; set its fields on data")
+  names = [source_name(dict(fields)) for fields, _ in out]
+  if len(set(names)) < len(names):
+    raise ValueError(f"DataConfig.mixture: two sources share a name: {names}; set 'name'")
+  return tuple(out)
+
+
+def source_name(fields: Mapping[str, Any]) -> str:
+  """A source's name: its `name`, else its path's last part without extensions."""
+  if fields.get("name"):
+    return str(fields["name"])
+  return str(fields.get("path", "data")).rstrip("/").rsplit("/", 1)[-1].split(".")[0]
 
 
 _BIBLE = "data/bible_kjv_rv1909_en_es.tsv.gz"

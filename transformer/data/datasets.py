@@ -22,7 +22,7 @@ import grain
 import numpy as np
 from etils import epath
 
-from transformer.data import features, hf_source, images, packing, pipeline, sources
+from transformer.data import features, hf_source, images, mixture, packing, pipeline, sources
 from transformer.data.config import DataConfig
 from transformer.data.progress import progress
 from transformer.data.spec import DataContext, DataSpec, Shapes
@@ -51,6 +51,10 @@ class DataInfo:
   eval_examples: int  # records (or stream windows) in the evaluation split, all hosts
   eval_batches: int  # batches one evaluation pass yields on every host
   stats: dict[str, Any]  # overlong counts, unknown characters, packing efficiency, image stats
+  # a mixture (data/mixture.py): name -> (its evaluation-iterator factory, batches), and
+  # what the training log reports of its sources
+  eval_sources: dict[str, tuple[Callable, int]] = dataclasses.field(default_factory=dict)
+  sources: mixture.Sources | None = None
 
   def batch_shapes(self, train: bool = True) -> Shapes:
     """Key -> (shape, dtype) of every batch (fixed shapes; compile once)."""
@@ -99,8 +103,34 @@ def make_datasets(
   for name, b in (("batch_size", batch_size), ("eval_batch_size", eval_batch)):
     if b % count:
       raise ValueError(f"{name} {b} is not divisible by process_count {count}")
-  per_host, eval_per_host = batch_size // count, eval_batch // count
-  splits = sources.open_splits(
+  sizes = dict(loader=loader, rows=batch_size // count, eval_rows=eval_batch // count,
+               seq_len=seq_len, seed=seed)  # fmt: skip
+  if cfg.mixture:
+    train_ds, eval_factory, info = mixture.build(cfg, spec, workdir, _single, **sizes)
+  else:
+    train_ds, eval_factory, info = _single(cfg, spec, workdir, **sizes)
+  hidden = ("config", "spec", "tokenizer", "eval_sources", "sources")
+  logging.info("data: %s", {k: v for k, v in vars(info).items() if k not in hidden})
+  return _closed_at_exit(iter(train_ds)), eval_factory, info
+
+
+def _single(
+  cfg: DataConfig,
+  spec: DataSpec,
+  workdir: str | os.PathLike,
+  *,
+  loader: pipeline.Loader,
+  rows: int,
+  eval_rows: int,
+  seq_len: int,
+  seed: int,
+  splits: sources.Splits | None = None,
+  tok: Tokenizer | None = None,
+) -> tuple[grain.IterDataset, Callable[[], Iterator[dict[str, np.ndarray]]], DataInfo]:
+  """One source's training batches, evaluation-iterator factory and `DataInfo`; `splits`
+  and `tok` when the caller opened them (a mixture's sources share one tokenizer)."""
+  per_host, eval_per_host, count = rows, eval_rows, loader.host()[1]
+  splits = splits or sources.open_splits(
     cfg, workdir, paired=spec.paired, images=spec.images, labelled=spec.labelled
   )
   c = DataContext(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
@@ -112,7 +142,7 @@ def make_datasets(
       raise ValueError(f"{splits.name}: images vary in size {splits.image_shape}; set image_size")
     c.image_mean, c.image_std, stats = _image_stats(cfg, splits, loader.host()[0] == 0)
   else:
-    c.tok = sources.tokenizer_for(cfg, splits, workdir)
+    c.tok = tok or sources.tokenizer_for(cfg, splits, workdir)
     stats = (
       {} if windows else sources.scan(cfg, splits, c.tok, spec.row_budget, seq_len, c.target_len)
     )
@@ -157,11 +187,7 @@ def make_datasets(
     eval_batches=pipeline.ceil_div(pipeline.ceil_div(n_eval, count), eval_per_host),
     stats=stats,
   )
-  logging.info(
-    "data: %s",
-    {k: v for k, v in dataclasses.asdict(info).items() if k not in ("config", "spec", "tokenizer")},
-  )
-  return _closed_at_exit(iter(train_ds)), lambda: _closed_at_exit(iter(eval_ds)), info
+  return train_ds, lambda: _closed_at_exit(iter(eval_ds)), info
 
 
 def _token_streams(
@@ -250,10 +276,16 @@ def _close_live_iterators() -> None:
   # Stop prefetch threads / worker processes while modules are intact. grain's
   # `__del__` closes again during interpreter teardown, when its module globals are
   # already None, and prints "Exception ignored ..."; the instance-level no-op spares that.
-  for it in list(_LIVE_ITERATORS):
+  # A mixture's iterator holds its sources' iterators: each is closed the same way.
+  def close(it: Any) -> None:
+    for parent in getattr(it, "_parents", ()):
+      close(parent)
     with contextlib.suppress(Exception):
       it.close()
       it.close = _already_closed
+
+  for it in list(_LIVE_ITERATORS):
+    close(it)
 
 
 def _image_stats(

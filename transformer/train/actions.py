@@ -118,6 +118,7 @@ class Log:
   skip_nonfinite: bool
   flops_per_count: float = 0.0  # training FLOPs per unit the task counts (MFU)
   peak_flops: float | None = None  # of one device; None: no MFU
+  sources: Any = None  # a data mixture's `mixture.Sources`: batches and epochs of each
 
   def due(self, done: int) -> bool:
     return done % self.every == 0 or done == self.total or done == self.first
@@ -132,6 +133,8 @@ class Log:
     if self.skip_nonfinite:
       host = self.runner.host_state(state)
       scalars["nonfinite_skipped"] = int(jax.device_get(host.nonfinite_count))
+    if self.sources is not None:  # one training batch per update
+      scalars |= self.sources.scalars(done)
     self.writer.write_scalars(done, scalars)
 
 
@@ -150,6 +153,9 @@ class Evaluate:
   writer: MetricWriter
   view: Callable[[Any], Run]  # the model as the evaluators see it
   should_stop: Callable[[], bool] | None = None
+  # a data mixture's sources: name -> (evaluation-iterator factory, batches), each scored
+  # alone too (`<name>/loss`, ...)
+  sources: dict[str, tuple[Callable, int]] = dataclasses.field(default_factory=dict)
   chosen: tuple[evaluators.Evaluator, ...] = dataclasses.field(init=False)  # from the config
 
   def __post_init__(self):
@@ -162,6 +168,12 @@ class Evaluate:
 
   def run(self, state, done: int) -> dict | None:
     metrics = self.loss(state, f"evaluating at step {done}")
+    for name, (factory, batches) in self.sources.items():
+      if metrics is None:
+        break
+      alone = evaluate(self.runner, state, factory, self.exp.eval.eval_batches, self.should_stop,
+                       total=batches, desc=f"evaluating {name} at step {done}")  # fmt: skip
+      metrics = None if alone is None else metrics | {f"{name}/{k}": v for k, v in alone.items()}
     if metrics is None:
       return None
     total = self.exp.loop.num_train_steps

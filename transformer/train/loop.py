@@ -141,9 +141,10 @@ def train_and_evaluate(
         throughput = Throughput(exp.task)
         nonfinite = NonFinite(loop.skip_nonfinite, runner, ckpt)
         log = Log(loop.log_every, start + 1, total, writer, throughput, runner,
-                  loop.skip_nonfinite, flops_per_count, peak)  # fmt: skip
+                  loop.skip_nonfinite, flops_per_count, peak, s.info.sources)  # fmt: skip
         evaluation = Evaluate(exp, runner, s.eval_factory, s.info.eval_batches, writer, view,
-                              should_stop=guard.should_stop_evaluation)  # fmt: skip
+                              should_stop=guard.should_stop_evaluation,
+                              sources=s.info.eval_sources)  # fmt: skip
         save = Save(exp.checkpoint.checkpoint_every, total, exp.checkpoint.best_metric, ckpt,
                     runner, s.train_iter, config, writer)  # fmt: skip
 
