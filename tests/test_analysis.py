@@ -88,7 +88,10 @@ def test_record_attention_every_family(family, extra):
   variables = model.init(jax.random.PRNGKey(0), *args)
   out, maps = analysis.record_attention(model, variables, *args)
   if family == "decoder":  # the recorded forward pass gives the model's usual output
-    np.testing.assert_allclose(out, model.apply(variables, *args), atol=1e-6)
+    # Two programs (the recording attends in one block, the model in chunks): float32
+    # rounding apart, about 1e-6 on outputs near 2 (seen on a 2-layer stack: 1.07e-6 on
+    # one AVX-512 CPU), not bit for bit.
+    np.testing.assert_allclose(out, model.apply(variables, *args), rtol=1e-5, atol=1e-5)
   names = list(maps)
   stack = "encoder" if family == "vit" else "decoder"
   if family == "seq2seq":
