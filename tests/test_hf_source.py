@@ -437,3 +437,56 @@ def test_the_shipped_parquet_speeches_are_what_the_script_writes(tmp_path):
     assert (tmp_path / name).read_bytes() == (
       REPO / "data/shakespeare_speeches" / name
     ).read_bytes()
+
+
+READ_SHARD = """
+import json, sys
+import jax
+jax.distributed.initialize(sys.argv[1], 2, int(sys.argv[2]))
+from transformer import tasks
+from transformer.data import DataConfig, make_datasets
+cfg = DataConfig(source="hf", path=sys.argv[3], data_dir=sys.argv[4], kind="lm", tokenizer="byte",
+                 windows=False, packing=False, num_epochs=1, validation_fraction=0.2,
+                 test_fraction=0.0)
+spec = tasks.create(cfg, 16).data_spec()
+train, evaluation, info = make_datasets(cfg, spec, sys.argv[5], 4, 16, 0)  # jax's process
+texts = {}
+for split, batches in (("train", train), ("eval", evaluation())):
+  rows = [row for b in batches for row, w in zip(b["inputs"], b["weights"]) if w.sum()]
+  texts[split] = [info.tokenizer.decode([int(i) for i in row[1:] if i > 6]) for row in rows]
+json.dump({"process": jax.process_index(), "count": jax.process_count(), **texts},
+          open(sys.argv[6], "w"))
+"""
+
+
+def test_two_processes_read_disjoint_shards_that_cover_the_split(tmp_path):
+  """Two `jax.distributed` processes on localhost each build the data of one run with
+  `make_datasets`'s defaults (jax's process index and count) and read a whole epoch of
+  training records (unpacked, one per row) and the evaluation split: disjoint, together
+  every record (training drops each host's last partial batch)."""
+  import subprocess
+  import sys
+
+  import fault_harness as fh
+  from session_env import PATIENCE_S
+
+  records = [f"record {i:03d}" for i in range(60)]
+  pq.write_table(pa.table({"text": records}), tmp_path / "records.parquet")
+  port = fh.free_port()
+
+  def command(i: int) -> list[str]:
+    paths = ("records.parquet", f"cache{i}", f"work{i}", f"read{i}.json")
+    return [sys.executable, "-c", READ_SHARD, f"127.0.0.1:{port}", str(i),
+            *(str(tmp_path / p) for p in paths)]  # fmt: skip
+
+  out = dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  runs = [subprocess.Popen(command(i), env=fh.child_env(), **out) for i in range(2)]
+  outputs = [run.communicate(timeout=PATIENCE_S)[0] for run in runs]
+  assert [run.returncode for run in runs] == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+  read = [json.loads((tmp_path / f"read{i}.json").read_text()) for i in range(2)]
+  assert [(r["process"], r["count"]) for r in read] == [(0, 2), (1, 2)]
+  for split, expected, dropped in (("train", records[:48], 8), ("eval", records[48:], 0)):
+    a, b = read[0][split], read[1][split]
+    assert not set(a) & set(b) and len(set(a)) == len(a) and len(set(b)) == len(b)
+    assert set(a) | set(b) <= set(expected) and len(a) + len(b) >= len(expected) - dropped
+  assert sorted(read[0]["eval"] + read[1]["eval"]) == records[48:]
