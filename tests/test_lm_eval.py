@@ -125,7 +125,7 @@ def test_a_yaml_task_over_a_local_jsonl_runs_offline_on_a_finished_run(trained, 
   assert 0.0 <= saved["results"]["shakespeare_continuation"]["acc,none"] <= 1.0
   logged = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
   scores = [r for r in logged if r["split"] == "lm_eval"]
-  assert scores and "lm_eval/tiny_choice/acc" in scores[-1]
+  assert scores and scores[-1]["tiny_choice/acc"] == saved["results"]["tiny_choice"]["acc,none"]
 
 
 def test_the_harness_evaluator_runs_during_training(tmp_path):

@@ -16,6 +16,7 @@ import io
 import json
 import os
 import re
+import shutil
 import struct
 import sys
 
@@ -214,3 +215,25 @@ def test_tensorboard_gets_the_config_as_hparams_and_the_sample_as_text(tracked):
   printed = tracked["second"].split("--- sample (8 tokens, temperature 0.8) ---\n")[1]
   printed = printed[: printed.rindex("\ncompilation cache ")]  # the run's last line follows
   assert logged == "\n".join("    " + line for line in printed.split("\n"))  # a code block
+
+
+def test_lm_eval_scores_go_to_the_runs_own_wandb_run(tracked, tmp_path):
+  """`python -m transformer.lm_eval` on a run that logs to W&B: the scores join that run
+  (its id, resumed), as `lm_eval/TASK/METRIC` at the checkpoint's step."""
+  from transformer import lm_eval
+
+  workdir = tmp_path / "run"
+  shutil.copytree(tracked["workdir"], workdir)
+  with open(workdir / tracking.RUN_ID_FILE) as f:
+    run_id = f.read().strip()
+  with pytest.MonkeyPatch.context() as mp:
+    _wandb_env(mp, str(tmp_path))
+    results = lm_eval.main(["--workdir", str(workdir), "--tasks", "shakespeare_continuation",
+                            "--limit", "4"])  # fmt: skip
+    wandb.teardown()
+  runs = sorted(glob.glob(str(workdir / "wandb" / "offline-run-*")))
+  assert len(runs) == 3 and runs[-1].endswith(f"-{run_id}")
+  ids, history = _history(os.path.join(runs[-1], f"run-{run_id}.wandb"))
+  assert ids == {run_id}
+  acc = results["results"]["shakespeare_continuation"]["acc,none"]
+  assert history[6]["lm_eval/shakespeare_continuation/acc"] == pytest.approx(acc)

@@ -6,14 +6,16 @@
   python -m transformer.lm_eval --model hf:Qwen/Qwen3-0.6B --output runs/qwen_eval --tasks ...
 
 `--workdir` is a run of this project (its saved config and latest checkpoint, or
-`--checkpoint STEP`), trained from scratch or from an imported checkpoint (`init_from`);
+`--checkpoint STEP`), trained from scratch or from an imported checkpoint (`init_from`),
+whose W&B run (if it has one) gets the scores too;
 `--model hf:DIR` (or `hf:ORG/NAME` from the Hugging Face cache) is a checkpoint read as
 `init_from` reads it, with its own tokenizer, results written under `--output`.
 `--tasks`: comma-separated names: our shipped tasks (`shakespeare_continuation`), the
 harness's own (their datasets must be in the local `datasets` cache when offline), or
 tasks defined by YAML files under `--include_path`. The harness's results are written to
-WORKDIR/lm_eval_step_<STEP>.json, and each task's scores to TensorBoard and metrics.jsonl
-as split `lm_eval` (`lm_eval/TASK/METRIC`); the table is printed. The adapter is
+WORKDIR/lm_eval_step_<STEP>.json, and each task's scores to TensorBoard, W&B and
+metrics.jsonl as split `lm_eval` (`lm_eval/TASK/METRIC`; `TASK/METRIC` in metrics.jsonl);
+the scores are printed. The adapter is
 transformer/evaluators/harness_lm.py.
 """
 
@@ -50,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     model, params, tokenizer, step = _pretrained(args.model)
     out = args.output
   else:
-    from transformer.eval.evaluate import restore
+    from transformer.eval.evaluate import load_config, restore
 
     s, state, step = restore(args.workdir, args.checkpoint)
     model, params, tokenizer, out = s.model, state.params, s.info.tokenizer, args.workdir
@@ -64,9 +66,14 @@ def main(argv: list[str] | None = None) -> dict:
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(results, indent=1, sort_keys=True), encoding="utf-8")
   from transformer.train.metric_writers import MetricWriter
+  from transformer.train.tracking import WandbTracker
 
-  writer = MetricWriter(out, is_primary=True, console=False)
-  writer.write_scalars(step, harness.scalars(results), split="lm_eval")
+  tracker = None  # the training run's own W&B run, when it has one (resumed by its id)
+  if args.workdir:
+    tracker = WandbTracker.start(s.exp.wandb, args.workdir, load_config(args.workdir), True)
+  writer = MetricWriter(out, is_primary=True, console=False, trackers=[tracker] if tracker else [])
+  scores = {k.removeprefix("lm_eval/"): v for k, v in harness.scalars(results).items()}
+  writer.write_scalars(step, scores, split="lm_eval")  # lm_eval/TASK/METRIC
   writer.close()
   for name, value in harness.scalars(results).items():  # not lm_eval's table: it forks
     print(f"{name}: {value:.4f}")
