@@ -331,8 +331,8 @@ def token_stream(
   path = epath.Path(folder) / f"{hashlib.sha256(tag.encode()).hexdigest()[:24]}.npy"
   if path.exists():
     if files.is_remote(path):
-      return np.load(io.BytesIO(path.read_bytes())), True
-    return np.load(path, mmap_mode="r"), True
+      return np.load(io.BytesIO(path.read_bytes()), allow_pickle=False), True
+    return np.load(path, mmap_mode="r", allow_pickle=False), True
   eos = np.asarray([tok.eos_id], np.int32)
   parts = []
   for key in keys:
