@@ -25,6 +25,7 @@ QK_NORM_OVER = ("head", "projection")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 ATTENTION_IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
+CONTEXT_ATTENTION = ("all_gather", "ring")  # context parallelism's attention (nn/context.py)
 SPLASH_LANES = 128  # splash block sizes are multiples of the TPU lane count
 DTYPES = ("float32", "bfloat16", "float16")
 POOLINGS = ("cls", "mean", "cls_mean")
@@ -38,6 +39,7 @@ RUNTIME_FIELDS = (
   "attention_dropout_rate",
   "attention_impl",
   "attention_chunk_size",
+  "context_attention",
   "dtype",
   "remat_policy",
 )
@@ -125,6 +127,8 @@ class ModelConfig:
   # initialised to this, before the add (CaiT, DINOv2 `layerscale_value`); None = off
   attention_impl: str = "auto"  # auto (backend's best) | xla | jax | chunked | cudnn | splash
   attention_chunk_size: int = 512  # query/key block size of the chunked implementation
+  context_attention: str = "all_gather"  # under a mesh with context > 1 (nn/context.py):
+  # all_gather (each device gathers the whole K/V) | ring (K/V passed around, zig-zag causal)
   splash_block_q: int = 512  # splash attention query block (TPU; a multiple of 128)
   splash_block_kv: int = 512  # splash attention key/value block (TPU; a multiple of 128)
   attention_scale: float | None = None  # score multiplier; None = H**-0.5 (T5: 1.0, unscaled)
@@ -235,6 +239,7 @@ def _validate(c: ModelConfig) -> None:
     ("norm_position", NORM_POSITIONS),
     ("activation", ACTIVATIONS),
     ("attention_impl", ATTENTION_IMPLS),
+    ("context_attention", CONTEXT_ATTENTION),
     ("dtype", DTYPES),
     ("pooling", POOLINGS),
     ("remat_policy", REMAT_POLICIES),

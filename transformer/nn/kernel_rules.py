@@ -41,6 +41,7 @@ class AttentionOptions:
   ops: str = "fast"  # fast | plain (`transformer.ops`): dropout masks, causal query blocks
   splash_blocks: tuple[int, int] = (512, 512)  # (query, key) blocks of 'splash', multiples of 128
   softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) (Gemma 2)
+  context: str = "all_gather"  # under a mesh context axis: all_gather | ring (`nn/context.py`)
 
   def __post_init__(self):
     if self.impl == "auto":
@@ -66,6 +67,7 @@ def attention_options(config: ModelConfig) -> AttentionOptions:
     ops=config.ops,
     splash_blocks=(config.splash_block_q, config.splash_block_kv),
     softcap=config.attention_softcap,
+    context=config.context_attention,
   )
 
 

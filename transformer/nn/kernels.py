@@ -23,6 +23,10 @@ broadcastable to [B, N, T, S]:
   'splash'   the Pallas splash kernel on TPUs (`splash.py`): causal, windows, segment ids,
              MHA / GQA / MQA, sharded per device under a mesh; no logit bias.
 
+Under a mesh whose 'context' axis splits the sequence, every call (but one returning the
+weights) is `context.attention` instead: all-gather or ring attention over the pieces
+(`options.context`), each device's blocks computed as 'xla' computes them.
+
 A config's 'auto' never reaches this module: `kernel_rules.attention_options` resolves it
 once per config, to the backend's best kernel that the config allows.
 
@@ -44,7 +48,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from transformer.nn import splash
+from transformer.nn import context, partitioning, splash
 from transformer.nn.kernel_rules import AttentionOptions, call_impl
 from transformer.nn.masks import BlockBias, MaskInfo, combine_masks
 from transformer.ops import select
@@ -93,6 +97,13 @@ def dot_product_attention(
   kernels = select(options.ops)
   rate = options.dropout_rate if use_dropout else 0.0
   scale = q.shape[-1] ** -0.5 if options.scale is None else options.scale
+  if partitioning.context_size() > 1 and not return_weights:
+    if use_dropout or mask is not None:
+      what = "attention dropout" if use_dropout else "a dense mask"
+      raise ValueError(f"context parallelism (mesh.context > 1) takes no {what}")
+    return context.attention(
+      q, k, v, mask_info, bias, strategy=options.context, scale=scale, softcap=options.softcap
+    )
   impl = call_impl(options.impl, q, k, mask, mask_info, bias, use_dropout, return_weights)
   if impl == "splash":
     block_q, block_kv = options.splash_blocks

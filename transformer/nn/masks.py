@@ -127,23 +127,36 @@ class MaskInfo:
     """
     q_len = self.q_positions.shape[1] if q_len is None else q_len
     kv_len = self.kv_positions.shape[1] if kv_len is None else kv_len
-    q_idx = self.q_offset + q_start + jnp.arange(q_len)  # [t]
-    kv_idx = kv_start + jnp.arange(kv_len)  # [s]
-    delta = (q_idx[:, None] - kv_idx[None, :])[None, None]  # [1, 1, t, s]
     if not self.causal and self.window is None and self.q_segment_ids is None:
       return None  # Everything attends to everything.
-    mask = jnp.ones((1, 1, q_len, kv_len), bool)
+    q_idx = self.q_offset + q_start + jnp.arange(q_len)  # [t]
+    kv_idx = kv_start + jnp.arange(kv_len)  # [s]
+    take = lambda x, start, n: None if x is None else lax.dynamic_slice_in_dim(x, start, n, axis=1)
+    return self.mask_at(
+      q_idx,
+      kv_idx,
+      take(self.q_segment_ids, q_start, q_len),
+      take(self.kv_segment_ids, kv_start, kv_len),
+      take(self.q_prefix, q_start, q_len),
+      take(self.kv_prefix, kv_start, kv_len),
+    )
+
+  def mask_at(self, q_idx, kv_idx, q_seg=None, kv_seg=None, q_pre=None, kv_pre=None) -> jax.Array:
+    """The mask of queries at key indices q_idx [t] over keys at kv_idx [s], with their
+    segment ids [B, t] / [B, s] and prefix flags (None: none): bool [B|1, 1, t, s].
+
+    The one rule behind `block_mask`; context parallelism (`nn/context.py`) calls it with
+    the indices of the sequence pieces a device holds, which need not be contiguous.
+    """
+    delta = (q_idx[:, None] - kv_idx[None, :])[None, None]  # [1, 1, t, s]
+    mask = jnp.ones(delta.shape, bool)
     if self.causal:
       mask = delta >= 0
-      if self.q_prefix is not None:
-        q_pre = lax.dynamic_slice_in_dim(self.q_prefix, q_start, q_len, axis=1)  # [B, t]
-        kv_pre = lax.dynamic_slice_in_dim(self.kv_prefix, kv_start, kv_len, axis=1)  # [B, s]
+      if q_pre is not None:
         mask = mask | (q_pre[:, :, None] & kv_pre[:, None, :])[:, None]  # [B, 1, t, s]
     if self.window is not None:
       mask = mask & (jnp.abs(delta) < self.window)
-    if self.q_segment_ids is not None:
-      q_seg = lax.dynamic_slice_in_dim(self.q_segment_ids, q_start, q_len, axis=1)
-      kv_seg = lax.dynamic_slice_in_dim(self.kv_segment_ids, kv_start, kv_len, axis=1)
+    if q_seg is not None:
       mask = mask & segment_mask(q_seg, kv_seg)
     return mask
 

@@ -1,6 +1,6 @@
 """Logical axis names for every parameter, and rules mapping them onto a device mesh.
 
-The mesh has four named axes (sizes from config.mesh):
+The mesh has five named axes (sizes from config.mesh):
 
   data    pure data parallelism: the batch is split, parameters are replicated
   fsdp    the batch is split AND parameters / optimizer state are sharded over 'embed'
@@ -8,6 +8,8 @@ The mesh has four named axes (sizes from config.mesh):
   tensor  Megatron-style tensor parallelism over heads, the FFN hidden dim and the vocab
   expert  expert parallelism: mixture-of-experts weights are split by expert, and the
           batch is split too (outside the experts it is one more data axis)
+  context context parallelism: activations are split along the sequence ('length');
+          self- and cross-attention exchange keys and values (`nn/context.py`)
 
 Each parameter gets logical axis names from its path (`LOGICAL_AXES`, first match wins;
 a parameter no pattern matches is an error, so a new layer cannot silently go
@@ -30,7 +32,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from transformer.nn.tree import path_str
 
-MESH_AXES = ("data", "fsdp", "tensor", "expert")
+MESH_AXES = ("data", "fsdp", "tensor", "expert", "context")
 
 # (pattern on the '/'-joined parameter path, logical axes of the parameter's dimensions).
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
@@ -75,6 +77,7 @@ RULES: dict[str, str | tuple[str, ...] | None] = {
   "kv_heads": "tensor",
   "mlp": "tensor",
   "vocab": "tensor",
+  "length": "context",  # the sequence of activations (context parallelism)
   "head_dim": None,
   "layers": None,
 }
@@ -99,7 +102,7 @@ def logical_axes(params: Any) -> Any:
 
 
 def make_mesh(shape: Mapping[str, int], devices: Sequence | None = None) -> Mesh:
-  """A (data, fsdp, tensor, expert) mesh; one size may be -1 (all remaining devices).
+  """A (data, fsdp, tensor, expert, context) mesh; one size may be -1 (all remaining devices).
 
   Built by `jax.make_mesh`, which orders the devices by the physical topology (TPU slices,
   GPUs of several hosts) so that neighbouring mesh positions are well-connected devices.
@@ -224,6 +227,13 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
 def active_layout() -> tuple[Mesh, Mapping | None] | None:
   """The (mesh, rules) of the enclosing `activation_layout`, or None outside one."""
   return _LAYOUT.get()
+
+
+def context_size() -> int:
+  """Ways the sequence of activations is split (the mesh's 'context' axis) in the
+  enclosing `activation_layout`; 1 outside one."""
+  layout = _LAYOUT.get()
+  return 1 if layout is None else int(layout[0].shape.get("context", 1))
 
 
 def map_shards(
