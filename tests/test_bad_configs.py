@@ -50,7 +50,15 @@ _OUT_OF_RANGE = {
   "model.type_vocab_size": [-2],
   **{
     f"model.{f}": ["bogus", ""]
-    for f in ("family", "position", "norm", "norm_position", "activation", "attention_impl")
+    for f in (
+      "family",
+      "position",
+      "norm",
+      "norm_position",
+      "activation",
+      "attention_impl",
+      "context_attention",
+    )
   },
   "model.dtype": ["float8", "int32"],
   "model.remat_policy": ["sometimes"],
@@ -96,6 +104,9 @@ _INCOMPATIBLE = [
   ({"model.d_model": 130, "model.num_heads": 4}, "num_heads"),
   ({"model.d_model": 96, "model.num_heads": 6, "model.num_kv_heads": 4}, "num_kv_heads"),
   ({"parallelism": "pmap", "mesh.fsdp": 2, "mesh.data": 4}, "parallelism"),
+  ({"parallelism": "pmap", "mesh.context": 2}, "parallelism"),
+  ({"mesh.context": 2, "model.attention_dropout_rate": 0.1}, "attention_dropout_rate"),
+  ({"mesh.context": 0}, "context"),
   ({"data.kind": "image"}, "kind"),
   ({"data.kind": "seq2seq"}, "kind"),
   ({"data.kind": "classification", "model.family": "encoder"}, "kind"),

@@ -86,9 +86,10 @@ def attention(
   pieces = 2 * context if zigzag else context
   for name, length in (("query", t), ("key", s)):
     if length % pieces:
+      why = f"mesh.context={context}" + (", x2 for ring attention's zig-zag" if zigzag else "")
       raise ValueError(
         f"context parallelism: the {name} length {length} must be divisible by {pieces}"
-        f" (mesh.context={context}{', x2 for the zig-zag order of causal ring attention' if zigzag else ''})"
+        f" ({why}); set seq_len / data.target_seq_len (images: the patch count) to fit"
       )
   if info is None:
     info = MaskInfo.create(jnp.ones((b, t), jnp.int32), jnp.ones((b, s), jnp.int32))
@@ -119,7 +120,8 @@ def attention(
     q_idx = _indices(q.shape[1], context, zigzag)
     kv_idx = _indices(k.shape[1], context, zigzag)
     if strategy == "all_gather":
-      kv_side = [None if x is None else lax.all_gather(x, AXIS, axis=1, tiled=True) for x in kv_side]
+      gather = lambda x: lax.all_gather(x, AXIS, axis=1, tiled=True)
+      kv_side = [None if x is None else gather(x) for x in kv_side]
       kv_idx = jnp.arange(s)
     attend = _Attend(info, block_bias, scale, softcap, heads_axis, n)
     out = attend.run(strategy, q_side, q_idx, kv_side, kv_idx, context)

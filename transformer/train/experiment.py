@@ -31,12 +31,13 @@ from transformer.convert import sources
 from transformer.data.config import DataConfig, fail
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
-from transformer.nn.partitioning import MESH_AXES, RULES
+from transformer.nn.partitioning import RULES
+from transformer.train import mesh_config, schedules
 from transformer.train import optimizer as optimizer_lib
 from transformer.train import pretrained as pretrained_lib
-from transformer.train import schedules
 from transformer.train.guard.config import FaultConfig
-from transformer.train.typed_config import as_dict, check_type, convert, field_type
+from transformer.train.mesh_config import MeshConfig
+from transformer.train.typed_config import as_dict, convert, field_type
 
 PARALLELISM = ("jit", "pmap")
 
@@ -155,27 +156,6 @@ class ScheduleConfig:
   final_fraction: float = 0.0  # cosine / wsd: final learning rate as a fraction of the peak
   decay_fraction: float = 0.1  # wsd: share of total_steps spent in the final decay, (0, 1]
   decay_shape: str = "linear"  # wsd: linear | cosine | 1-sqrt (Hagele et al. 2024)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshConfig:
-  """Devices per mesh axis (`nn/partitioning.py`)."""
-
-  data: int = -1  # data-parallel ways (-1: all devices not used by the other axes)
-  fsdp: int = 1  # ways parameters / optimizer state are sharded (and the batch split)
-  tensor: int = 1  # tensor-parallel ways (heads, FFN hidden, vocabulary)
-  expert: int = 1  # expert-parallel ways (mixture-of-experts weights; the batch is split too)
-
-  def __post_init__(self):
-    sizes = dataclasses.asdict(self)
-    for name, size in sizes.items():
-      if size == 0 or size < -1:
-        fail(f"mesh.{name}", size, "must be >= 1, or -1 for all remaining devices")
-    if list(sizes.values()).count(-1) > 1:
-      fail("mesh", sizes, "at most one axis may be -1")
-
-  def shape(self) -> dict[str, int]:
-    return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,9 +330,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
     raise ValueError(f"config.schedule: {e}") from None
 
   mesh = convert(MeshConfig, as_dict(config.get("mesh", {})), "mesh.")
-  if loop.parallelism == "pmap" and (mesh.fsdp != 1 or mesh.tensor != 1 or mesh.expert != 1):
-    fail("parallelism", "pmap", "is data parallelism only: use jit for fsdp / tensor / expert")
-  rules = _rules(config.get("mesh_rules", {}))
+  mesh_config.check(mesh, loop.parallelism, model)
+  rules = mesh_config.rules(config.get("mesh_rules", {}))
   return Experiment(
     model=model,
     data=data,
@@ -372,18 +351,6 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
     wandb=wandb,
     faults=faults,
   )
-
-
-def _rules(raw: Any) -> dict[str, tuple[str, ...]]:
-  rules = {}
-  for logical, value in as_dict(raw).items():
-    check_type(f"mesh_rules.{logical}", value, str)
-    axes = tuple(a.strip() for a in value.split(",") if a.strip())
-    for a in axes:
-      if a not in MESH_AXES:
-        fail(f"mesh_rules.{logical}", value, f"names mesh axis {a!r}; known: {MESH_AXES}")
-    rules[logical] = axes
-  return rules
 
 
 def finalize_model(exp: Experiment, vocab_size: int, num_classes: int) -> ModelConfig:
