@@ -166,6 +166,13 @@ def test_bad_mesh_is_a_clear_error():
     partitioning.make_mesh({"data": 4, "tensor": 4})
   with pytest.raises(ValueError, match="unknown axes"):
     partitioning.make_mesh({"model": 2})
+  with pytest.raises(ValueError, match="unknown axes"):
+    partitioning.make_mesh({"data": 4}, dcn={"model": 2})
+  with pytest.raises(ValueError) as error:  # one process here: one slice
+    partitioning.make_mesh({"data": 4}, dcn={"data": 2})
+  assert str(error.value) == (
+    "config.mesh: dcn_data=2 = 2 slices, but the devices form 1 processes (one per slice)"
+  )
 
 
 def test_checkpoint_from_8_devices_restores_on_4_and_1_and_continues(tmp_path):
@@ -203,18 +210,18 @@ def _losses(workdir) -> list[float]:
 
 
 def test_two_processes_on_localhost_match_one_process(tmp_path):
-  """jax.distributed over CPU (gloo): each process feeds its half of the global batch."""
+  """jax.distributed over CPU (gloo): two processes of 4 devices each, joined as two
+  slices of a hybrid mesh (`mesh.dcn_data=2`, the processes standing for slices), each
+  feeding its half of the global batch, train as one process of one device does; the
+  data axis spans the processes."""
   import os
   import socket
   import subprocess
   import sys
 
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
 
-  def command(workdir):
+  def command(workdir, *extra):
     return [
       sys.executable,
       os.path.join(repo, "train.py"),
@@ -222,28 +229,39 @@ def test_two_processes_on_localhost_match_one_process(tmp_path):
       f"--workdir={workdir}",
       "--config.model.dropout_rate=0.0",
       "--config.num_train_steps=4",
+      *extra,
     ]
 
   env = {**os.environ, "XLA_FLAGS": xla_flags(1)}
   single = subprocess.run(command(tmp_path / "one"), env=env, capture_output=True, text=True)
   assert single.returncode == 0, single.stderr[-2000:]
-  procs = [
-    subprocess.Popen(
-      command(tmp_path / "two"),
-      env={
-        **env,
-        "TRANSFORMER_COORDINATOR": f"127.0.0.1:{port}",
-        "TRANSFORMER_NUM_PROCESSES": "2",
-        "TRANSFORMER_PROCESS_ID": str(i),
-      },
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-    )
-    for i in range(2)
-  ]
-  outputs = [p.communicate(timeout=PATIENCE_S)[0] for p in procs]
-  assert all(p.returncode == 0 for p in procs), outputs[0][-2000:] + outputs[1][-2000:]
+
+  def two_processes(workdir, *extra):
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      port = s.getsockname()[1]
+    procs = [
+      subprocess.Popen(
+        command(workdir, *extra),
+        env={
+          **env,
+          "XLA_FLAGS": xla_flags(4),
+          "TRANSFORMER_COORDINATOR": f"127.0.0.1:{port}",
+          "TRANSFORMER_NUM_PROCESSES": "2",
+          "TRANSFORMER_PROCESS_ID": str(i),
+        },
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+      )
+      for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=PATIENCE_S)[0] for p in procs]
+    return [p.returncode for p in procs], outputs
+
+  codes, outputs = two_processes(tmp_path / "two", "--config.mesh.dcn_data=2")
+  assert codes == [0, 0], outputs[0][-2000:] + outputs[1][-2000:]
+  assert "mesh: data 8 (processes [0, 0, 0, 0, 1, 1, 1, 1])" in outputs[0], outputs[0][-2000:]
   one, two = _losses(tmp_path / "one"), _losses(tmp_path / "two")
   assert len(one) == len(two) >= 3
   np.testing.assert_allclose(two, one, atol=1e-5)

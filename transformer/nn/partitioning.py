@@ -28,6 +28,7 @@ from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from transformer.nn.tree import path_str
@@ -101,35 +102,86 @@ def logical_axes(params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(axes_of, params)
 
 
-def make_mesh(shape: Mapping[str, int], devices: Sequence | None = None) -> Mesh:
-  """A (data, fsdp, tensor, expert, context) mesh; one size may be -1 (all remaining devices).
+def make_mesh(
+  shape: Mapping[str, int], devices: Sequence | None = None, dcn: Mapping[str, int] | None = None
+) -> Mesh:
+  """A (data, fsdp, tensor, expert, context) mesh; one size may be -1 (all remaining
+  devices).
 
-  Built by `jax.make_mesh`, which orders the devices by the physical topology (TPU slices,
-  GPUs of several hosts) so that neighbouring mesh positions are well-connected devices.
+  Without `dcn` (or with every DCN size 1) it is built by `jax.make_mesh`, which orders
+  the devices by the physical topology (TPU slices, GPUs of several hosts) so that
+  neighbouring mesh positions are well-connected devices. With `dcn` (ways per axis
+  across slices, e.g. {'data': 2}) it is a hybrid mesh: `shape` is the layout inside one
+  slice and each axis is `shape x dcn` long in all, the slices joined along the DCN axes
+  (`mesh_utils.create_hybrid_device_mesh`). Slices are the devices' `slice_index` (TPU
+  multi-slice) or, where every device has the same one (CPU, GPU), the processes.
   The axes are `AxisType.Auto`: shardings follow the partitioning rules and XLA's
   propagation, as for a plain `Mesh`."""
   devices = list(jax.devices() if devices is None else devices)
-  unknown = sorted(set(shape) - set(MESH_AXES))
+  unknown = sorted(set(shape) - set(MESH_AXES)) + sorted(set(dcn or {}) - set(MESH_AXES))
   if unknown:
     raise ValueError(f"config.mesh: unknown axes {unknown}; expected {MESH_AXES}")
+  dcn_sizes = [int((dcn or {}).get(a, 1)) for a in MESH_AXES]
+  slices, granule = _slices(devices), "slice_index"
+  if len(slices) == 1:
+    slices, granule = _slices(devices, "process_index"), "process_index"
+  ways = int(np.prod(dcn_sizes))
+  if ways != 1 and ways != len(slices):
+    across = " x ".join(f"dcn_{a}={n}" for a, n in zip(MESH_AXES, dcn_sizes, strict=True) if n != 1)
+    unit = "slices" if granule == "slice_index" else "processes (one per slice)"
+    raise ValueError(
+      f"config.mesh: {across} = {ways} slices, but the devices form {len(slices)} {unit}"
+    )
+  per_slice = len(devices) // ways
+  sizes = _sizes(shape, per_slice, "devices per slice" if ways > 1 else "devices")
+  if ways == 1:
+    return jax.make_mesh(
+      tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+    )
+  grid = mesh_utils.create_hybrid_device_mesh(
+    sizes, dcn_sizes, devices, process_is_granule=granule == "process_index"
+  )
+  return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def describe(mesh: Mesh) -> str:
+  """One line: the axes longer than 1, and which processes lie along each that spans
+  several (a data axis across hosts or slices)."""
+  parts = []
+  for i, name in enumerate(mesh.axis_names):
+    if mesh.shape[name] == 1:
+      continue
+    along = np.moveaxis(mesh.devices, i, 0).reshape(mesh.shape[name], -1)[:, 0]
+    hosts = [d.process_index for d in along]
+    spans = f" (processes {hosts})" if len(set(hosts)) > 1 else ""
+    parts.append(f"{name} {mesh.shape[name]}{spans}")
+  return ", ".join(parts) or "one device"
+
+
+def _slices(devices: Sequence, attr: str = "slice_index") -> dict[int, list]:
+  """The devices grouped by `attr` (one group where the devices lack it)."""
+  groups: dict[int, list] = {}
+  for d in devices:
+    groups.setdefault(getattr(d, attr, 0) or 0, []).append(d)
+  return groups
+
+
+def _sizes(shape: Mapping[str, int], count: int, what: str) -> list[int]:
+  """The axis sizes of `shape` in MESH_AXES order, a -1 resolved against `count` devices."""
   sizes = [int(shape.get(a, 1)) for a in MESH_AXES]
   if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
     raise ValueError(f"config.mesh={dict(shape)}: sizes must be >= 1, with at most one -1")
   known = int(np.prod([s for s in sizes if s != -1]))
   if -1 in sizes:
-    if len(devices) % known:
-      raise ValueError(
-        f"config.mesh={dict(shape)}: {len(devices)} devices not divisible by {known}"
-      )
-    sizes[sizes.index(-1)] = len(devices) // known
-  if int(np.prod(sizes)) != len(devices):
+    if count % known:
+      raise ValueError(f"config.mesh={dict(shape)}: {count} {what} not divisible by {known}")
+    sizes[sizes.index(-1)] = count // known
+  if int(np.prod(sizes)) != count:
     raise ValueError(
       f"config.mesh={dict(zip(MESH_AXES, sizes, strict=True))} needs {int(np.prod(sizes))} "
-      f"devices, have {len(devices)}"
+      f"{what}, have {count}"
     )
-  return jax.make_mesh(
-    tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
-  )
+  return sizes
 
 
 def spec_for(

@@ -22,23 +22,39 @@ class MeshConfig:
   tensor: int = 1  # tensor-parallel ways (heads, FFN hidden, vocabulary)
   expert: int = 1  # expert-parallel ways (mixture-of-experts weights; the batch is split too)
   context: int = 1  # context-parallel ways: the sequence split (model.context_attention)
+  # Multi-slice (several TPU slices, or GPU / CPU hosts on a slow link): ways across slices.
+  # The sizes above are then per slice, and an axis is (size x dcn size) long in all.
+  dcn_data: int = 1  # data-parallel ways across slices (the usual choice: gradients only)
+  dcn_fsdp: int = 1  # fsdp ways across slices (parameters gathered over the slow link)
 
   def __post_init__(self):
-    sizes = dataclasses.asdict(self)
+    sizes = self.shape()
     for name, size in sizes.items():
       if size == 0 or size < -1:
         fail(f"mesh.{name}", size, "must be >= 1, or -1 for all remaining devices")
     if list(sizes.values()).count(-1) > 1:
       fail("mesh", sizes, "at most one axis may be -1")
+    for name, size in self.dcn().items():
+      if size < 1:
+        fail(f"mesh.dcn_{name}", size, "must be >= 1 (slices along the axis)")
 
   def shape(self) -> dict[str, int]:
-    return dataclasses.asdict(self)
+    """Devices per axis (per slice, with DCN sizes)."""
+    fields = dataclasses.asdict(self)
+    return {k: v for k, v in fields.items() if not k.startswith("dcn_")}
+
+  def dcn(self) -> dict[str, int]:
+    """Slices per axis (`partitioning.make_mesh`'s `dcn`)."""
+    return {"data": self.dcn_data, "fsdp": self.dcn_fsdp}
 
 
 def check(mesh: MeshConfig, parallelism: str, model: ModelConfig) -> None:
   """The mesh against the loop's parallelism and the model: one line naming the field."""
-  if parallelism == "pmap" and (mesh.fsdp, mesh.tensor, mesh.expert, mesh.context) != (1,) * 4:
-    only = "is data parallelism only: use jit for fsdp / tensor / expert / context"
+  spread = (mesh.fsdp, mesh.tensor, mesh.expert, mesh.context, mesh.dcn_fsdp, mesh.dcn_data)
+  if parallelism == "pmap" and spread != (1,) * 6:
+    only = (
+      "is data parallelism on one slice only: use jit for fsdp / tensor / expert / context / dcn"
+    )
     fail("parallelism", "pmap", only)
   if mesh.context != 1 and model.attention_dropout_rate > 0.0:
     fail(

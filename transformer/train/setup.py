@@ -104,7 +104,8 @@ def build(exp: Experiment, workdir: str) -> Setup:
     ema_decay=exp.ema.ema_decay,
     ema_warmup=exp.ema.ema_warmup,
   )
-  mesh = partitioning.make_mesh(exp.mesh.shape())
+  mesh = partitioning.make_mesh(exp.mesh.shape(), dcn=exp.mesh.dcn())
+  print(f"mesh: {partitioning.describe(mesh)}")
   runner = StepRunner(step_cfg, loop.parallelism, mesh, exp.rules)
   runner.check_batch_size(info.batch_size // loop.grad_accum_steps, "batch_size / grad_accum_steps")
   runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
