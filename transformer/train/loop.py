@@ -47,6 +47,7 @@ from transformer.tasks import Run
 from transformer.train import (
   checkpoints,
   compile_cache,
+  dry_run,
   experiment,
   finetune,
   setup,
@@ -277,6 +278,7 @@ def define_flags() -> None:
   config_flags.DEFINE_config_file("config", None, "experiment config file", lock_config=True)
   flags.DEFINE_string("workdir", None, "run directory (checkpoints, metrics)")
   flags.mark_flags_as_required(["config", "workdir"])
+  dry_run.define_flags()
 
 
 def main(argv: list[str], hooks: Hooks | None = None) -> None:
@@ -291,6 +293,12 @@ def main(argv: list[str], hooks: Hooks | None = None) -> None:
   if not flags.FLAGS["verbosity"].present:  # library INFO logs (orbax) only with -v 0
     logging.set_verbosity(logging.WARNING)
   cli.apply_process_settings()  # before JAX starts: CPU allocator and XLA flags
+  if flags.FLAGS.dry_run:  # compile for --target, print whether it fits, train nothing
+    with cli.errors_in_one_line():
+      f = flags.FLAGS
+      sys.exit(
+        dry_run.main(config, workdir, dry_run.target(f.target, f.target_devices, f.target_hbm_gib))
+      )
   maybe_initialize(config, workdir)  # several processes: same config, peer watch
   hooks = record.hooks(hooks or Hooks())
   with cli.errors_in_one_line():

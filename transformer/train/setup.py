@@ -59,18 +59,24 @@ def zeros_batch(info: DataInfo, train: bool = True, rows: int | None = None) -> 
   return out
 
 
-def init_params(model, task: Task, info: DataInfo, seed: int) -> Any:
-  """Float32 parameters of `model`, shaped by one row of the task's batches."""
+def init_params(model, task: Task, info: DataInfo, seed: int, abstract: bool = False) -> Any:
+  """Float32 parameters of `model`, shaped by one row of the task's batches (their
+  shapes and dtypes only, as `jax.ShapeDtypeStruct`s, if `abstract`)."""
   args, kwargs = task.init_args(zeros_batch(info, rows=1))
   rng = jax.random.PRNGKey(seed)
   init = lambda r: model.init(r, *args, **kwargs)
-  if model.config.lora_rank:  # a LoRA target matching nothing: one line, before compiling
-    lora.check_targets(model.config, jax.eval_shape(init, rng)["params"])
+  if abstract or model.config.lora_rank:
+    shapes = jax.eval_shape(init, rng)["params"]
+    if model.config.lora_rank:  # a LoRA target matching nothing: one line, before compiling
+      lora.check_targets(model.config, shapes)
+    if abstract:
+      return shapes
   return jax.jit(init)(rng)["params"]
 
 
-def build(exp: Experiment, workdir: str) -> Setup:
-  """Data, model, optimizer, compiled steps and an initial state for `exp`."""
+def build(exp: Experiment, workdir: str, abstract: bool = False) -> Setup:
+  """Data, model, optimizer, compiled steps and an initial state for `exp`; with
+  `abstract`, the state is shapes only (`jax.ShapeDtypeStruct`s: the dry run's)."""
   loop = exp.loop
   cache_folder = compile_cache.use(loop.compilation_cache_dir)  # programs reused across runs
   attention_impl, why = resolve_attention_impl(exp.model)  # a missing GPU / TPU fails here
@@ -89,7 +95,7 @@ def build(exp: Experiment, workdir: str) -> Setup:
   model = build_model(model_cfg.replace(attention_impl=attention_impl))
   task, frozen = exp.task.frozen(model_cfg, load_trained)  # e.g. a distillation teacher
   exp = dataclasses.replace(exp, task=task)
-  params = init_params(model, exp.task, info, loop.seed)
+  params = init_params(model, exp.task, info, loop.seed, abstract)
   tx = create_optimizer(
     exp.optimizer, exp.schedule, params, trainable=lora.trainable(model_cfg, params)
   )
@@ -109,9 +115,10 @@ def build(exp: Experiment, workdir: str) -> Setup:
   runner = StepRunner(step_cfg, loop.parallelism, mesh, exp.rules)
   runner.check_batch_size(info.batch_size // loop.grad_accum_steps, "batch_size / grad_accum_steps")
   runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
-  state = create_train_state(
-    params, tx, jax.random.PRNGKey(loop.seed + 1), ema=exp.ema.enabled, frozen=frozen
+  initial = lambda p: create_train_state(
+    p, tx, jax.random.PRNGKey(loop.seed + 1), ema=exp.ema.enabled, frozen=frozen
   )
+  state = jax.eval_shape(initial, params) if abstract else initial(params)
   return Setup(
     exp, info, train_iter, eval_factory, model_cfg, model, tx, runner, state, cache_folder
   )
