@@ -77,7 +77,10 @@ def _batch(kind: str) -> dict[str, np.ndarray]:
 CASES = {  # name: (task kind, model fields)
   "causal_packed": ("lm", dict(family="decoder", position="learned")),
   "sliding_window": ("lm", dict(family="decoder", position="learned", sliding_window=5)),
-  "gqa_rope": ("lm", dict(family="decoder", position="rope", num_kv_heads=2)),
+  "gqa_rope_scan_remat": (
+    "lm",
+    dict(family="decoder", position="rope", num_kv_heads=2, scan_layers=True, remat_policy="full"),
+  ),
   "alibi_prefix_lm": ("prefix_lm", dict(family="decoder", position="alibi", num_kv_heads=1)),
   "encoder_padding": ("mlm", dict(family="encoder", position="learned")),
   "seq2seq": ("seq2seq", dict(family="seq2seq", position="relative_t5", num_kv_heads=2)),
@@ -208,7 +211,7 @@ def test_zigzag_balances_causal_work_to_one_block():
 def test_trains_like_one_device_through_the_step():
   """The real train step (StepRunner, sharded batch) with a context axis follows one
   device's losses over three updates."""
-  kind, fields = CASES["gqa_rope"]
+  kind, fields = CASES["gqa_rope_scan_remat"]
   batches = [_batch(kind)] * 3
 
   def setup(mesh_shape, devices=None):
