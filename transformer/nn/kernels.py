@@ -24,7 +24,9 @@ broadcastable to [B, N, T, S]:
              MHA / GQA / MQA, sharded per device under a mesh; no logit bias.
 
 Under a mesh whose 'context' axis splits the sequence, every call (but one returning the
-weights) is `context.attention` instead: all-gather or ring attention over the pieces
+weights) is context-parallel instead: 'splash' with the all-gather strategy runs the
+kernel on each device's queries over the gathered K/V (`splash.sequence_sharded_attention`);
+otherwise `context.attention` does all-gather or ring attention over the pieces
 (`options.context`), each device's blocks computed as 'xla' computes them.
 
 A config's 'auto' never reaches this module: `kernel_rules.attention_options` resolves it
@@ -97,14 +99,20 @@ def dot_product_attention(
   kernels = select(options.ops)
   rate = options.dropout_rate if use_dropout else 0.0
   scale = q.shape[-1] ** -0.5 if options.scale is None else options.scale
-  if partitioning.context_size() > 1 and not return_weights:
+  impl = call_impl(options.impl, q, k, mask, mask_info, bias, use_dropout, return_weights)
+  context_ways = partitioning.context_size()
+  if context_ways > 1 and not return_weights:
     if use_dropout or mask is not None:
       what = "attention dropout" if use_dropout else "a dense mask"
       raise ValueError(f"context parallelism (mesh.context > 1) takes no {what}")
+    if impl == "splash" and options.context == "all_gather":
+      block_q, block_kv = options.splash_blocks
+      return splash.sequence_sharded_attention(
+        q, k, v, mask_info, scale=scale, block_q=block_q, block_kv=block_kv, context=context_ways
+      )
     return context.attention(
       q, k, v, mask_info, bias, strategy=options.context, scale=scale, softcap=options.softcap
     )
-  impl = call_impl(options.impl, q, k, mask, mask_info, bias, use_dropout, return_weights)
   if impl == "splash":
     block_q, block_kv = options.splash_blocks
     return splash.splash_attention(

@@ -121,8 +121,88 @@ def splash_attention(
   return out.transpose(0, 2, 1, 3)[:, :t].astype(q.dtype)  # [B, T, N, H]
 
 
-def _kernel(n, mqa, tp, sp, causal, window, bq, bkv) -> splash_kernel.SplashAttentionKernel:
-  """The kernel for n query heads over [Tp, Sp] (mask processing is cached by jax)."""
+def sequence_sharded_attention(
+  q: jax.Array,
+  k: jax.Array,
+  v: jax.Array,
+  mask_info: MaskInfo | None,
+  *,
+  scale: float,
+  block_q: int,
+  block_kv: int,
+  context: int,
+) -> jax.Array:
+  """`splash_attention` with the queries split along the mesh's 'context' axis
+  (all-gather context parallelism, `nn/context.py`): each device attends its T / context
+  queries over the whole K/V, which the shard_map's specs gather. The kernel is built for
+  the whole [T, S] mask with `q_seq_shards=context`; each device gets its rows of the
+  kernel's mask data (`manual_sharding_spec`), global query indices included, so causal
+  masks and windows stay right at every offset.
+
+  Each device's queries must fill whole blocks: T / context a multiple of 128.
+  """
+  b, t, n, h = q.shape
+  s, kv = k.shape[1], k.shape[2]
+  piece = t // context
+  bq = min(block_q, piece)
+  if piece % LANES or piece % bq:
+    raise ValueError(
+      f"splash attention under mesh.context={context}: each device's {piece} queries must"
+      f" fill whole blocks of {LANES}; use a sequence length that is a multiple of"
+      f" {context * LANES}, or attention_impl='xla'"
+    )
+  bkv, sp = blocks_for(s, block_kv)
+  causal = mask_info is not None and mask_info.causal
+  window = None if mask_info is None else mask_info.window
+  q_seg, kv_seg = _segment_ids(mask_info, b, t, s, t, sp)
+  q = (q * jnp.asarray(scale, q.dtype)).transpose(0, 2, 1, 3)  # [B, N, T, H]
+  k = _pad(k, 1, sp).transpose(0, 2, 1, 3)  # [B, K, Sp, H]
+  v = _pad(v, 1, sp).transpose(0, 2, 1, 3)  # [B, K, Sp, H]
+  mesh, rules = partitioning.active_layout()
+  heads, kv_heads = _head_axes(n, kv)
+  spec = lambda axes, shape: partitioning.spec_for(axes, shape, mesh, rules)
+  batch = spec(("batch",), (b,))[0]
+  head_axis = spec((heads,), (n,))[0]
+  kv_head_axis = spec((kv_heads,), (kv,))[0]
+  head_names = (head_axis,) if isinstance(head_axis, str) else tuple(head_axis or ())
+  head_shards = int(np.prod([mesh.shape[a] for a in head_names])) if head_names else 1
+  kv_names = (kv_head_axis,) if isinstance(kv_head_axis, str) else tuple(kv_head_axis or ())
+  local_kv = kv // int(np.prod([mesh.shape[a] for a in kv_names])) if kv_names else kv
+  kernel = _kernel(n, local_kv == 1, t, sp, causal, window, bq, bkv, head_shards, context)
+  kernel_spec = kernel.manual_sharding_spec(
+    jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(head_axis, "context"))
+  )
+  P = jax.sharding.PartitionSpec
+  specs = [kernel_spec, P(batch, head_axis, "context", None)]
+  specs += [P(batch, kv_head_axis, None, None)] * 2
+  args = [kernel, q, k, v]
+  if q_seg is not None:
+    specs += [P(batch, "context"), P(batch, None)]
+    args += [q_seg, kv_seg]
+
+  def per_shard(kernel, q, k, v, q_seg=None, kv_seg=None):
+    if k.shape[1] == 1:  # MQA: the kernel takes one [Sp, H] key/value per row
+      k, v = k[:, 0], v[:, 0]  # [b, Sp, H]
+    if q_seg is None:
+      return jax.vmap(kernel)(q, k, v)  # [b, n, t, H]
+    attend = lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=splash_kernel.SegmentIds(qs, ks))
+    return jax.vmap(attend)(q, k, v, q_seg, kv_seg)  # [b, n, t, H]
+
+  out = jax.shard_map(
+    per_shard,
+    mesh=mesh,
+    in_specs=tuple(specs),
+    out_specs=P(batch, head_axis, "context", None),
+    check_vma=False,
+  )(*args)  # [B, N, T, H]
+  return out.transpose(0, 2, 1, 3).astype(q.dtype)  # [B, T, N, H]
+
+
+def _kernel(
+  n, mqa, tp, sp, causal, window, bq, bkv, head_shards=1, q_seq_shards=1
+) -> splash_kernel.SplashAttentionKernel:
+  """The kernel for n query heads over [Tp, Sp] (mask processing is cached by jax); with
+  shards, its mask data split over `head_shards` x `q_seq_shards` devices."""
   if window is not None:
     mask = splash_mask.LocalMask((tp, sp), (window - 1, 0 if causal else window - 1), offset=0)
   elif causal:
@@ -143,8 +223,8 @@ def _kernel(n, mqa, tp, sp, causal, window, bq, bkv) -> splash_kernel.SplashAtte
   return make(
     splash_mask.MultiHeadMask([mask] * n),
     block_sizes=sizes,
-    head_shards=1,
-    q_seq_shards=1,
+    head_shards=head_shards,
+    q_seq_shards=q_seq_shards,
     interpret=INTERPRET,
   )
 
