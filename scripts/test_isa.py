@@ -50,6 +50,8 @@ TESTS = [
   "tests/test_faults_kill_resume.py",
   "tests/test_lm_eval.py",
   "tests/test_train.py",
+  "tests/test_context.py",
+  "tests/test_parallel.py",
 ]
 SUMMARY = re.compile(r"\d+ (passed|failed|error)")
 

@@ -1,4 +1,5 @@
-"""The (data, fsdp, tensor) mesh of `partitioning.make_mesh`, on the 8 fake CPU devices.
+"""The (data, fsdp, tensor, expert, context) mesh of `partitioning.make_mesh`, on the 8
+fake CPU devices.
 
 The mesh comes from `jax.make_mesh` (device order by physical topology on TPU slices and
 multi-GPU hosts), with `-1` inferring one size, axis types `Auto`, and one-line errors
@@ -18,12 +19,13 @@ from transformer.nn import partitioning
 @pytest.mark.parametrize(
   "shape, sizes",
   [
-    ({"data": -1}, (8, 1, 1, 1)),
-    ({"data": 2, "fsdp": 2, "tensor": 2}, (2, 2, 2, 1)),
-    ({"fsdp": -1, "tensor": 2}, (1, 4, 2, 1)),
-    ({"data": 2, "tensor": -1}, (2, 1, 4, 1)),
-    ({"data": 1, "fsdp": 8}, (1, 8, 1, 1)),
-    ({"data": 2, "expert": 4}, (2, 1, 1, 4)),
+    ({"data": -1}, (8, 1, 1, 1, 1)),
+    ({"data": 2, "fsdp": 2, "tensor": 2}, (2, 2, 2, 1, 1)),
+    ({"fsdp": -1, "tensor": 2}, (1, 4, 2, 1, 1)),
+    ({"data": 2, "tensor": -1}, (2, 1, 4, 1, 1)),
+    ({"data": 1, "fsdp": 8}, (1, 8, 1, 1, 1)),
+    ({"data": 2, "expert": 4}, (2, 1, 1, 4, 1)),
+    ({"context": 4, "data": -1}, (2, 1, 1, 1, 4)),
     ({}, None),  # every size 1: needs exactly one device
   ],
 )
@@ -34,10 +36,10 @@ def test_mesh_shape_and_axis_names(shape, sizes):
       partitioning.make_mesh(shape)
     return
   mesh = partitioning.make_mesh(shape)
-  assert mesh.axis_names == ("data", "fsdp", "tensor", "expert")
+  assert mesh.axis_names == ("data", "fsdp", "tensor", "expert", "context")
   assert tuple(mesh.devices.shape) == sizes
   assert dict(mesh.shape) == dict(zip(partitioning.MESH_AXES, sizes, strict=True))
-  assert mesh.axis_types == (AxisType.Auto,) * 4  # as a plain Mesh: XLA propagates shardings
+  assert mesh.axis_types == (AxisType.Auto,) * 5  # as a plain Mesh: XLA propagates shardings
   assert sorted(d.id for d in mesh.devices.flat) == sorted(d.id for d in jax.devices())
 
 
@@ -52,8 +54,10 @@ def test_mesh_is_jax_make_mesh(monkeypatch):
 
   monkeypatch.setattr(jax, "make_mesh", spy)
   mesh = partitioning.make_mesh({"data": 2, "tensor": -1})
-  assert calls == [((2, 1, 4, 1), ("data", "fsdp", "tensor", "expert"))]
-  expected = real((2, 1, 4, 1), ("data", "fsdp", "tensor", "expert"), devices=jax.devices())
+  assert calls == [((2, 1, 4, 1, 1), ("data", "fsdp", "tensor", "expert", "context"))]
+  expected = real(
+    (2, 1, 4, 1, 1), ("data", "fsdp", "tensor", "expert", "context"), devices=jax.devices()
+  )
   np.testing.assert_array_equal(
     np.vectorize(lambda d: d.id)(mesh.devices), np.vectorize(lambda d: d.id)(expected.devices)
   )
@@ -62,7 +66,7 @@ def test_mesh_is_jax_make_mesh(monkeypatch):
 def test_mesh_on_a_subset_of_devices():
   devices = jax.devices()[4:]
   mesh = partitioning.make_mesh({"data": -1, "tensor": 2}, devices)
-  assert tuple(mesh.devices.shape) == (2, 1, 2, 1)
+  assert tuple(mesh.devices.shape) == (2, 1, 2, 1, 1)
   assert {d.id for d in mesh.devices.flat} == {d.id for d in devices}
   one = partitioning.make_mesh({"data": 1}, jax.devices()[:1])
   assert one.devices.size == 1 and one.devices.flat[0] == jax.devices()[0]
@@ -73,7 +77,8 @@ def test_mesh_on_a_subset_of_devices():
   [
     (
       {"model": 2},
-      r"config.mesh: unknown axes \['model'\]; expected \('data', 'fsdp', 'tensor', 'expert'\)",
+      r"config.mesh: unknown axes \['model'\]; expected \('data', 'fsdp', 'tensor', 'expert',"
+      r" 'context'\)",
     ),
     ({"data": -1, "fsdp": -1}, "sizes must be >= 1, with at most one -1"),
     ({"data": 0}, "sizes must be >= 1, with at most one -1"),

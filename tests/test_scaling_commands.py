@@ -49,6 +49,9 @@ FOREIGN = ("TRANSFORMER_", "SLURM", "JAX_COORDINATOR", "JAX_LOCAL_DEVICE_IDS", "
 FOREIGN_NAMES = ("KUBERNETES_SERVICE_HOST", "JAX_PORT", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
 
+_SINGLE_SLICE = {"context": 1, "dcn_data": 1, "dcn_fsdp": 1}  # the mesh fields not set here
+
+
 def _blocks() -> dict[str, str]:
   """The section's fenced bash blocks by kind, backslash-newlines removed (as bash does)."""
   text = open(DOC).read()
@@ -198,7 +201,7 @@ def test_slurm_command_runs_as_two_tasks_of_one_node(setting):
   tasks = [(argv, dict(base, SLURM_PROCID=str(i), SLURM_LOCALID=str(i)), REPO) for i in range(2)]
   config = _check_two_processes(_run_all(tasks), workdir, f"127.0.0.1:{port}")
   # FSDP over the 2 processes
-  assert config["mesh"] == {"data": -1, "fsdp": 2, "tensor": 1, "expert": 1}
+  assert config["mesh"] == {"data": -1, "fsdp": 2, "tensor": 1, "expert": 1, **_SINGLE_SLICE}
   assert config["model"]["dtype"] == "bfloat16"  # the command's own override
 
 
@@ -214,7 +217,13 @@ def test_explicit_command_runs_as_two_processes(setting):
     assert not re.search(r"\b(HOST0|PORT|N|I)\b", filled), filled
     runs.append((["bash", "-c", filled], env, REPO))
   config = _check_two_processes(_run_all(runs), workdir, f"127.0.0.1:{port}")
-  assert config["mesh"] == {"data": -1, "fsdp": 1, "tensor": 1, "expert": 1}  # data parallel
+  assert config["mesh"] == {
+    "data": -1,
+    "fsdp": 1,
+    "tensor": 1,
+    "expert": 1,
+    **_SINGLE_SLICE,
+  }  # data parallel
 
 
 def _tpu_worker_command(setting, workdir: str) -> str:
@@ -242,7 +251,7 @@ def test_tpu_pod_command_runs_on_two_workers_given_the_slice(setting):
     for i in range(2)
   ]
   config = _check_two_processes(_run_all(workers), workdir, f"127.0.0.1:{port}")
-  assert config["mesh"] == {"data": -1, "fsdp": 2, "tensor": 1, "expert": 1}
+  assert config["mesh"] == {"data": -1, "fsdp": 2, "tensor": 1, "expert": 1, **_SINGLE_SLICE}
 
 
 def test_tpu_pod_command_without_a_cluster_is_one_error_line(setting):
