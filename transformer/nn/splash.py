@@ -98,12 +98,7 @@ def splash_attention(
 
   def per_shard(q, k, v, q_seg, kv_seg):
     kernel = _kernel(q.shape[1], k.shape[1] == 1, tp, sp, causal, window, bq, bkv)
-    if k.shape[1] == 1:  # MQA: the kernel takes one [Sp, H] key/value per row
-      k, v = k[:, 0], v[:, 0]  # [b, Sp, H]
-    if q_seg is None:
-      return jax.vmap(kernel)(q, k, v)  # [b, n, Tp, H]
-    attend = lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=splash_kernel.SegmentIds(qs, ks))
-    return jax.vmap(attend)(q, k, v, q_seg, kv_seg)  # [b, n, Tp, H]
+    return _rows(kernel, q, k, v, q_seg, kv_seg)  # [b, n, Tp, H]
 
   heads, kv_heads = _head_axes(n, kv)
   out = partitioning.map_shards(
@@ -180,22 +175,25 @@ def sequence_sharded_attention(
     specs += [P(batch, "context"), P(batch, None)]
     args += [q_seg, kv_seg]
 
-  def per_shard(kernel, q, k, v, q_seg=None, kv_seg=None):
-    if k.shape[1] == 1:  # MQA: the kernel takes one [Sp, H] key/value per row
-      k, v = k[:, 0], v[:, 0]  # [b, Sp, H]
-    if q_seg is None:
-      return jax.vmap(kernel)(q, k, v)  # [b, n, t, H]
-    attend = lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=splash_kernel.SegmentIds(qs, ks))
-    return jax.vmap(attend)(q, k, v, q_seg, kv_seg)  # [b, n, t, H]
-
   out = jax.shard_map(
-    per_shard,
+    _rows,
     mesh=mesh,
     in_specs=tuple(specs),
     out_specs=P(batch, head_axis, "context", None),
     check_vma=False,
   )(*args)  # [B, N, T, H]
   return out.transpose(0, 2, 1, 3).astype(q.dtype)  # [B, T, N, H]
+
+
+def _rows(kernel, q, k, v, q_seg=None, kv_seg=None) -> jax.Array:
+  """The kernel over each row of one device's q [b, n, t, H], k, v [b, k, s, H] and
+  segment ids [b, t], [b, s] (None: none): [b, n, t, H]."""
+  if k.shape[1] == 1:  # MQA: the kernel takes one [s, H] key/value per row
+    k, v = k[:, 0], v[:, 0]  # [b, s, H]
+  if q_seg is None:
+    return jax.vmap(kernel)(q, k, v)
+  attend = lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=splash_kernel.SegmentIds(qs, ks))
+  return jax.vmap(attend)(q, k, v, q_seg, kv_seg)
 
 
 def _kernel(
