@@ -37,11 +37,10 @@ import numpy as np
 from jax import lax
 
 from transformer.nn import partitioning
-from transformer.nn.masks import BlockBias, MaskInfo
+from transformer.nn.masks import MASK_VALUE, BlockBias, MaskInfo
 
 AXIS = "context"  # the mesh axis the sequence is split over
 STRATEGIES = ("all_gather", "ring")
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # as the kernels': finite, no NaN rows
 
 
 def zigzag_chunks(context: int) -> list[tuple[int, int]]:

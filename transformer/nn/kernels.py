@@ -52,12 +52,9 @@ from jax import lax
 
 from transformer.nn import context, partitioning, splash
 from transformer.nn.kernel_rules import AttentionOptions, call_impl
-from transformer.nn.masks import BlockBias, MaskInfo, combine_masks
+from transformer.nn.masks import MASK_VALUE, BlockBias, MaskInfo, combine_masks
 from transformer.ops import select
 from transformer.ops.causal_blocks import causal_block_attention, slice_broadcast
-
-# Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def dot_product_attention(

@@ -16,6 +16,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+# Masked logits get this value (not -inf, so fully masked rows stay finite: uniform weights).
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+
 
 def padding_mask(tokens: jax.Array, pad_id: int = 0) -> jax.Array:
   """Keys that are not padding: tokens [B, S] -> bool [B, 1, 1, S]."""
