@@ -128,6 +128,9 @@ def test_long_prompt_on_a_growing_cache_equals_full_forward_at_every_step():
   tokens, lengths = decode.left_pad(prompts)
   sizes = cache_lengths(tokens.shape[1], new, 16)
   assert sizes == [32, 56]
+  # Doubled while small, then a quarter more (at least GROWTH_STEP = 64 slots).
+  assert cache_lengths(16, 256) == [128, 192, 256, 271]
+  assert cache_lengths(16, 2032) == [128, 192, 256, 320, 448, 576, 768, 960, 1216, 1536, 1920, 2047]
 
   run = functools.partial(decode.lm_decode, model, length=new, initial_cache_len=16)
   jaxpr = jax.make_jaxpr(lambda p, t, n: run(p, t, n).tokens)(params, tokens, lengths)

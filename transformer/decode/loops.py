@@ -10,8 +10,9 @@ none.
 
 The first token comes from the prefill's logits; each step then feeds the last token and
 picks the next, L - 1 steps in all. They run in one while loop per cache length of
-`cache.cache_lengths` (`grow_loop`): the cache doubles between them, so a step attends
-over at most about twice the slots filled.
+`cache.cache_lengths` (`grow_loop`): the cache grows between them (doubled while small,
+then by a quarter), so a step attends over at most about twice the slots filled, and
+over at most a quarter more once the cache is long.
 
 Rows stop independently at `eos_id`: the EOS token is emitted, later slots are PAD and
 the row's score stops changing (finished rows are still fed PAD to keep the batch in
