@@ -154,3 +154,39 @@ def test_eval_cli_samples_and_reports_bad_input_in_one_line(trained_lm, tmp_path
   )
   empty = _eval_cli(f"--workdir={tmp_path}")
   assert empty.returncode == 1 and "no saved config" in empty.stderr
+
+
+def test_evaluation_and_final_sample_compile_in_a_background_thread(tmp_path):
+  """The run compiles its evaluation step and its final sample's decoding loop in the
+  'compile-ahead' thread while it trains: once the updates start, the loop's own thread
+  compiles neither (the persistent cache off here, so every program is compiled)."""
+  import threading
+
+  import jax
+  import tiny_lm_config
+  from jax._src import dispatch
+
+  config = tiny_lm_config.get_config()
+  config.sample_tokens = 8  # a final sample
+  config.eval_every = 3  # an evaluation during training, and one at the end
+  config.compilation_cache_dir = ""
+  phase, compiled = ["start"], []
+
+  def on_compile(event, duration, **kwargs):
+    if event == dispatch.BACKEND_COMPILE_EVENT and phase[0] != "done":
+      compiled.append((threading.current_thread().name, phase[0], kwargs.get("fun_name", "")))
+
+  jax.monitoring.register_event_duration_secs_listener(on_compile)
+  hooks = train_lib.Hooks(phase=lambda name, step: phase.__setitem__(0, name))
+  cache = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  try:
+    train_lib.train_and_evaluate(config, str(tmp_path / "run"), hooks)
+  finally:
+    jax.config.update("jax_enable_compilation_cache", cache)
+    phase[0] = "done"
+  ahead = [name for thread, _, name in compiled if thread == "compile-ahead"]
+  assert any("eval_step" in n for n in ahead) and any("lm_decode" in n for n in ahead), compiled
+  late = [(p, n) for thread, p, n in compiled if thread != "compile-ahead" and p != "build"]
+  late = [(p, n) for p, n in late if p != "restore"]  # the train step, before the updates
+  assert not any("eval_step" in n or "lm_decode" in n for _, n in late), late

@@ -6,6 +6,8 @@ k beam size.
 Checked API (validates its input, raises ValueError before compiling):
   generate(model, params, prompts, ...)   DecoderLM: continue prompts of any lengths.
   translate(model, params, inputs, ...)   EncoderDecoder: decode targets for sources.
+  lower_generate(...)                     what `generate` would run, lowered (to compile
+                                          ahead; the parameters may be abstract).
   DecodeResult: tokens [B, L], scores [B], lengths [B] (+ beams [B, k, L] for beam).
 
 Jitted loops, unchecked (static: the model, L, k and the initial cache length; every
@@ -23,7 +25,7 @@ cached step; cross-attention keys and values once per source), loops (greedy / s
 while loops over the growing cache), beam (beam search), api (checks, padding).
 """
 
-from transformer.decode.api import generate, left_pad, translate
+from transformer.decode.api import generate, left_pad, lower_generate, translate
 from transformer.decode.beam import lm_beam_search, seq2seq_beam_search
 from transformer.decode.cache import cache_lengths, init_cache
 from transformer.decode.loops import DecodeResult, lm_decode, seq2seq_decode
@@ -39,6 +41,7 @@ __all__ = [
   "left_pad",
   "lm_beam_search",
   "lm_decode",
+  "lower_generate",
   "sample",
   "seq2seq_beam_search",
   "seq2seq_decode",

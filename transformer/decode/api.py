@@ -21,7 +21,7 @@ from transformer.decode.loops import DecodeResult, lm_decode, seq2seq_decode
 from transformer.decode.sampling import Sampling, checked, unwrap
 from transformer.nn.models import DecoderLM, EncoderDecoder
 
-__all__ = ["check_tokens", "generate", "left_pad", "translate"]
+__all__ = ["check_tokens", "generate", "left_pad", "lower_generate", "translate"]
 
 METHODS = ("greedy", "sample", "beam")
 
@@ -81,11 +81,17 @@ def _check_options(config, method, beam_size, alpha, eos_id):
     raise ValueError(f"eos_id={eos_id} is outside the vocabulary [0, {config.vocab_size})")
 
 
-def _run(decode, beam_search, args, length, method, sampling, beam_size, alpha, eos_id):
+def _program(decode, beam_search, args, length, method, sampling, beam_size, alpha, eos_id):
+  """(the jitted loop, its arguments, its keyword arguments) that a call runs."""
   eos = -1 if eos_id is None else eos_id
   if method == "beam":
-    return beam_search(*args, length=length, beam_size=beam_size, alpha=alpha, eos_id=eos)
-  return decode(*args, length=length, sampling=sampling, eos_id=eos)
+    return beam_search, args, dict(length=length, beam_size=beam_size, alpha=alpha, eos_id=eos)
+  return decode, args, dict(length=length, sampling=sampling, eos_id=eos)
+
+
+def _run(*program_args) -> DecodeResult:
+  fn, args, kwargs = _program(*program_args)
+  return fn(*args, **kwargs)
 
 
 def generate(
@@ -114,6 +120,36 @@ def generate(
   prompt, longest prompt + max_new_tokens > config.max_len, or a bad option.
   Returns a DecodeResult with tokens [B, max_new_tokens] (new tokens only).
   """
+  fn, args, kwargs = _lm_program(model, params, prompts, max_new_tokens, method, sampling,
+                                 beam_size, alpha, eos_id, prompt_len)  # fmt: skip
+  return fn(*args, **kwargs)
+
+
+def lower_generate(
+  model: DecoderLM,
+  params: Any,
+  prompts: Sequence[Sequence[int]] | np.ndarray,
+  *,
+  max_new_tokens: int,
+  method: str = "greedy",
+  sampling: Sampling | None = None,
+  beam_size: int = 4,
+  alpha: float = 0.6,
+  eos_id: int | None = EOS_ID,
+  prompt_len: int | None = None,
+) -> jax.stages.Lowered:
+  """The program `generate` runs with these arguments, lowered and not run: `.compile()`
+  it to compile ahead, and the later `generate` call finds it compiled. `params` may be
+  abstract (`jax.ShapeDtypeStruct`s with the shardings the real ones will have). Raises
+  as `generate` does."""
+  fn, args, kwargs = _lm_program(model, params, prompts, max_new_tokens, method, sampling,
+                                 beam_size, alpha, eos_id, prompt_len)  # fmt: skip
+  return fn.lower(*args, **kwargs)
+
+
+def _lm_program(model, params, prompts, max_new_tokens, method, sampling, beam_size, alpha,
+                eos_id, prompt_len):  # fmt: skip
+  """`generate`'s checks, then (the jitted loop, its arguments, its keyword arguments)."""
   if not isinstance(model, DecoderLM):
     raise ValueError(f"generate needs a DecoderLM, got {type(model).__name__}")
   config = model.config
@@ -128,7 +164,7 @@ def generate(
     )
   args = (model, unwrap(params), tokens, lengths)
   fns = (lm_decode, lm_beam_search)
-  return _run(*fns, args, max_new_tokens, method, sampling, beam_size, alpha, eos_id)
+  return _program(*fns, args, max_new_tokens, method, sampling, beam_size, alpha, eos_id)
 
 
 def translate(

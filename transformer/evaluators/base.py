@@ -90,6 +90,11 @@ class Evaluator(abc.ABC):
     """Whether a periodic evaluation at update `done` of `total` includes this evaluator."""
     return bool(self.every) and (done % self.every == 0 or done == total)
 
+  def compile_ahead(self, run: Run) -> None:  # noqa: B027 (a hook)
+    """Compiles, without running them, the programs `run(run)` will run (training calls it
+    in a background thread before the first update; `run.params` are abstract, with the
+    shardings the real ones will have). Default: nothing, they compile when first run."""
+
   @abc.abstractmethod
   def run(self, run: Run) -> dict[str, Any]:
     """Its metrics on `run`: numbers are logged as scalars, strings (at the end) as text."""

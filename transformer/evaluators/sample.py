@@ -89,19 +89,34 @@ class Sample(Evaluator):
     )
     return {"samples": samples, **({"notes": [note]} if note else {})}
 
+  def compile_ahead(self, run: Run) -> None:
+    """The end-of-training sample's decoding loop (nothing for `eval.py`'s samples)."""
+    new = self._final_tokens(run) if self.at_end else None
+    if isinstance(new, int):
+      tokenizer = run.info.tokenizer
+      rows = [tokenizer.encode(self.prompts[0])]
+      options = _options(tokenizer, self.sampling(), new)
+      decode.lower_generate(run.model, run.params, rows, **options).compile()
+
+  def _final_tokens(self, run: Run) -> int | str:
+    """The new tokens of the end-of-training sample, or why there is none."""
+    (prompt,) = self.prompts
+    prompt_len = len(run.info.tokenizer.encode(prompt))
+    if not prompt_len:  # e.g. a pretrained SentencePiece vocabulary drops a lone newline
+      return f"the prompt {prompt!r} encodes to no tokens; set sample_prompt"
+    room = run.model.config.max_len - prompt_len
+    if room < 1:
+      return f"the {prompt_len}-token prompt fills the context; shorten it"
+    return min(self.max_new_tokens, room)
+
   def _final(self, run: Run) -> dict[str, str]:
     """The end-of-training sample, printed; a prompt the context cannot continue is
     reported and skipped rather than ending a finished run in an error."""
     (prompt,) = self.prompts
-    prompt_len = len(run.info.tokenizer.encode(prompt))
-    if not prompt_len:  # e.g. a pretrained SentencePiece vocabulary drops a lone newline
-      print(f"--- no sample: the prompt {prompt!r} encodes to no tokens; set sample_prompt ---")
+    max_new = self._final_tokens(run)
+    if isinstance(max_new, str):
+      print(f"--- no sample: {max_new} ---")
       return {}
-    room = run.model.config.max_len - prompt_len
-    if room < 1:
-      print(f"--- no sample: the {prompt_len}-token prompt fills the context; shorten it ---")
-      return {}
-    max_new = min(self.max_new_tokens, room)
     (sample,) = sample_texts(
       run.model,
       run.params,
@@ -138,21 +153,19 @@ def sample_texts(
   rows = [r for r in rows for _ in range(num_samples)]
   texts = [p for p in prompts for _ in range(num_samples)]
   generate = generate_sliding if sliding else decode.generate
-  out = generate(
-    model,
-    params,
-    rows,
-    max_new_tokens=max_new_tokens,
-    method="sample",
-    sampling=sampling,
-    eos_id=tokenizer.eos_id,
-  )
+  out = generate(model, params, rows, **_options(tokenizer, sampling, max_new_tokens))
   how = f"sliding window of {max_len} tokens" if sliding else "cached"
   tokens = [strip_ids(t, tokenizer.eos_id, pad_id=None) for t in np.asarray(out.tokens)]
   return [
     {"prompt": p, "sample": tokenizer.decode(t), "generation": how}
     for p, t in zip(texts, tokens, strict=True)
   ]
+
+
+def _options(tokenizer: Any, sampling: Sampling, max_new_tokens: int) -> dict[str, Any]:
+  """The decoding options of a sample (`decode.generate`'s keywords)."""
+  return dict(max_new_tokens=max_new_tokens, method="sample", sampling=sampling,
+              eos_id=tokenizer.eos_id)  # fmt: skip
 
 
 def fit_to_context(

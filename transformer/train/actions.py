@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -157,6 +158,7 @@ class Evaluate:
   # alone too (`<name>/loss`, ...)
   sources: dict[str, tuple[Callable, int]] = dataclasses.field(default_factory=dict)
   chosen: tuple[evaluators.Evaluator, ...] = dataclasses.field(init=False)  # from the config
+  ahead: threading.Thread | None = dataclasses.field(init=False, default=None)  # compile_ahead
 
   def __post_init__(self):
     options = self.exp.eval.training_options(self.exp.loop.seed)
@@ -167,6 +169,7 @@ class Evaluate:
     return done == self.exp.loop.num_train_steps or bool(every and done % every == 0)
 
   def run(self, state, done: int) -> dict | None:
+    self.wait_for_ahead()
     metrics = self.loss(state, f"evaluating at step {done}")
     for name, (factory, batches) in self.sources.items():
       if metrics is None:
@@ -191,9 +194,41 @@ class Evaluate:
     self.writer.write_scalars(done, ema, split="eval_ema")
     return metrics | {f"ema_{k}": v for k, v in ema.items()}
 
+  def compile_ahead(self, state, eval_batch: dict[str, np.ndarray]) -> None:
+    """Starts compiling what the evaluations will run, in a background thread, so that
+    training starts after the train step alone: the evaluation step (for `eval_batch`'s
+    shapes) and each evaluator's `compile_ahead` (an LM's final sample, on the primary
+    process). The first evaluation and `finish` wait for the thread (`wait_for_ahead`),
+    so nothing is compiled twice; what fails here compiles at first use, where its error
+    is raised. Nothing under pmap, whose steps compile at first use."""
+    if self.runner.parallelism != "jit":
+      return
+    shapes = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    params = jax.tree.map(shapes, state.params)  # not the arrays: the train step donates them
+    run = dataclasses.replace(self.view(state), params=params)
+    final = [e for e in self.chosen if e.at_end] if jax.process_index() == 0 else []
+
+    def compile_all():
+      try:
+        self.runner.lower_eval(params, eval_batch).compile()
+        for evaluator in final:
+          evaluator.compile_ahead(run)
+      except Exception as e:  # noqa: BLE001 (compiled again, and raised, at first use)
+        print(f"compiling ahead stopped ({type(e).__name__}); the rest compiles at first use")
+
+    self.ahead = threading.Thread(target=compile_all, name="compile-ahead")
+    self.ahead.start()
+
+  def wait_for_ahead(self) -> None:
+    """Waits for `compile_ahead`'s thread, if one runs."""
+    if self.ahead is not None:
+      self.ahead.join()
+      self.ahead = None
+
   def finish(self, state) -> None:
     """Runs the evaluators that run once at the end (an LM's sample; the loop calls it on
     the primary process) and logs the texts (tag -> text) and scalars they return."""
+    self.wait_for_ahead()
     final = [e for e in self.chosen if e.at_end]
     run = self.view(state) if final else None
     for evaluator in final:

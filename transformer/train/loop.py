@@ -148,6 +148,8 @@ def train_and_evaluate(
                               sources=s.info.eval_sources)  # fmt: skip
         save = Save(exp.checkpoint.checkpoint_every, total, exp.checkpoint.best_metric, ckpt,
                     runner, s.train_iter, config, writer)  # fmt: skip
+        if start < total:  # the evaluation step and the final sample compile meanwhile
+          evaluation.compile_ahead(state, setup.zeros_batch(s.info, train=False))
 
         # The updates.
         metrics: dict[str, float] = {}
@@ -204,6 +206,7 @@ def train_and_evaluate(
 
         # The end: curves, and the evaluators that run at the end (an LM's sample).
         hooks.enter("finish", int(metrics.get("step", total)))
+        evaluation.wait_for_ahead()
         ckpt.wait_until_finished()
         writer.flush()
         if is_primary:

@@ -168,6 +168,13 @@ class StepRunner:
       raise RuntimeError("place_state(state) first: it fixes the state's layout")
     return self.train_step.lower(state, self.place_batch(batch))
 
+  def lower_eval(self, params: Any, batch: dict[str, np.ndarray]) -> Any:
+    """The evaluation step lowered for `params` (placed, or abstract with their shardings)
+    and a host evaluation batch; compiling it compiles what `eval` then runs (jit)."""
+    if self._eval is None:
+      raise RuntimeError("place_state(state) first: it fixes the state's layout")
+    return self._eval.lower(params, self.place_batch(batch))
+
   def eval(self, state: TrainState, batch: dict[str, np.ndarray]) -> dict:
     if self._eval is None:
       self._layout(state)
