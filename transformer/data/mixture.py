@@ -25,6 +25,7 @@ evaluation split in turn (`loss`) and each alone (`<name>/loss`, ...).
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import itertools
@@ -90,12 +91,23 @@ class Texts(Sequence):
     return self.starts[-1]
 
   def __getitem__(self, i: int) -> dict[str, str]:
-    if not 0 <= i < len(self):
-      raise IndexError(i)
-    k = max(j for j, start in enumerate(self.starts[:-1]) if start <= i)
-    source, keys = self.parts[k]
-    record = source[i - self.starts[k]]
-    return {"text": "\n".join(features.text_of(record, key) for key in keys)}
+    return self.__getitems__([i])[0]
+
+  def __getitems__(self, indices: Sequence[int]) -> list[dict[str, str]]:
+    """The records at `indices`, each source's read in bulk (`features.read_records`)."""
+    wanted: dict[int, list[tuple[int, int]]] = {}  # source -> [(position in out, its index)]
+    for n, i in enumerate(indices):
+      if not 0 <= i < len(self):
+        raise IndexError(i)
+      k = bisect.bisect_right(self.starts, i) - 1
+      wanted.setdefault(k, []).append((n, i - self.starts[k]))
+    out: list[dict[str, str]] = [{} for _ in indices]
+    for k, items in wanted.items():
+      source, keys = self.parts[k]
+      records = features.read_records(source, [j for _, j in items])
+      for (n, _), (_, record) in zip(items, records, strict=True):
+        out[n] = {"text": "\n".join(features.text_of(record, key) for key in keys)}
+    return out
 
 
 def build(cfg: DataConfig, spec: Any, workdir: Any, build_one: Callable, **kwargs: Any) -> tuple:

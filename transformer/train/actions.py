@@ -195,12 +195,13 @@ class Evaluate:
     return metrics | {f"ema_{k}": v for k, v in ema.items()}
 
   def compile_ahead(self, state, eval_batch: dict[str, np.ndarray]) -> None:
-    """Starts compiling what the evaluations will run, in a background thread, so that
-    training starts after the train step alone: the evaluation step (for `eval_batch`'s
-    shapes) and each evaluator's `compile_ahead` (an LM's final sample, on the primary
-    process). The first evaluation and `finish` wait for the thread (`wait_for_ahead`),
-    so nothing is compiled twice; what fails here compiles at first use, where its error
-    is raised. Nothing under pmap, whose steps compile at first use."""
+    """Starts compiling what the evaluations will run in a background thread, while the
+    updates run (the loop calls it after the first update, so the first step waits for
+    the train step alone): the evaluation step (for `eval_batch`'s shapes) and each
+    evaluator's `compile_ahead` (an LM's final sample, on the primary process). The
+    first evaluation and `finish` wait for the thread (`wait_for_ahead`), so nothing is
+    compiled twice; what fails here compiles at first use, where its error is raised.
+    Nothing under pmap, whose steps compile at first use."""
     if self.runner.parallelism != "jit":
       return
     shapes = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)

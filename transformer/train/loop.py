@@ -148,8 +148,6 @@ def train_and_evaluate(
                               sources=s.info.eval_sources)  # fmt: skip
         save = Save(exp.checkpoint.checkpoint_every, total, exp.checkpoint.best_metric, ckpt,
                     runner, s.train_iter, config, writer)  # fmt: skip
-        if start < total:  # the evaluation step and the final sample compile meanwhile
-          evaluation.compile_ahead(state, setup.zeros_batch(s.info, train=False))
 
         # The updates.
         metrics: dict[str, float] = {}
@@ -173,6 +171,8 @@ def train_and_evaluate(
             if log.due(done):
               nonfinite.check(state)
               log.run(state, done, step_metrics)
+            if done == start + 1:  # the evaluation step and the final sample compile meanwhile
+              evaluation.compile_ahead(state, setup.zeros_batch(s.info, train=False))
             with throughput.paused():  # evaluations and saves do not count in the throughput
               evaluated = None
               if evaluation.due(done):
