@@ -92,7 +92,7 @@ class Evaluator(abc.ABC):
 
   def compile_ahead(self, run: Run) -> None:  # noqa: B027 (a hook)
     """Compiles, without running them, the programs `run(run)` will run (training calls it
-    in a background thread before the first update; `run.params` are abstract, with the
+    in a background thread after the first update; `run.params` are abstract, with the
     shardings the real ones will have). Default: nothing, they compile when first run."""
 
   @abc.abstractmethod
