@@ -270,5 +270,13 @@ def jit_apply():
   return make_jit_apply
 
 
+def pytest_collection_modifyitems(config, items):
+  """The modules marked `one_worker` first. Their tests share a costly module fixture (a
+  reference run); `make test`'s `--dist worksteal` hands the first half of the collection
+  to the first worker, and a worker that runs out steals from the end of another's queue,
+  so these stay together at the head of one queue and each fixture is built once."""
+  items.sort(key=lambda item: item.get_closest_marker("one_worker") is None)
+
+
 def pytest_unconfigure(config):
   session_env.remove_cache()

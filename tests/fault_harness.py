@@ -451,12 +451,6 @@ def _pausing_phase(name: str, step: int) -> None:
 
 
 if __name__ == "__main__":  # train.py with phase lines and an optional pause
-  sys.path.insert(0, REPO)
-  from absl import app
+  import traced_train
 
-  import train
-  from transformer.cli import parse_flags
-  from transformer.train.loop import Hooks
-
-  train.HOOKS = Hooks(phase=_pausing_phase)
-  app.run(train.main, flags_parser=parse_flags)
+  traced_train.main(_pausing_phase)

@@ -15,9 +15,21 @@ every subprocess a test starts inherits the result (or takes it from `xla_flags`
   compilation; JAX keys the cache on the program, the XLA flags, the backend and the
   versions, so runs with other devices counts or ISA caps never share an entry.
 
+- One cache for every process of a `jax.distributed` run (`share_compilations_between_processes`,
+  called by the test's training scripts, tests/traced_train.py). JAX keys a program by,
+  among other things, the topology of its devices as the compiling process sees it, and
+  on the CPU that differs from process to process; only process 0 writes entries, so
+  process 1 of every two-process run found none and compiled the train step afresh. Keyed
+  instead by what names the devices in every process (platform, kind, id, process index),
+  process 1 loads the executable process 0 compiled for the same program and devices.
+  Programs on one process's own device keep their own keys (their device assignments
+  differ), and a one-process run never shares an entry with a two-process one (the
+  process indices differ).
+
 - HF_DATASETS_OFFLINE=1: `datasets` (data.source='hf') reads its cache only, as a test may
   reach no network; a Hub name not cached fails at once instead of after retries.
 
+  share_compilations_between_processes()   in a training subprocess, before it compiles
   xla_flags(devices) -> str   the session's XLA_FLAGS with `devices` CPU devices, for a
                               subprocess (the caller's flags, an ISA cap among them, kept)
   PATIENCE_S                  how long any test waits for a subprocess or a condition
@@ -71,3 +83,17 @@ def remove_cache() -> None:
   """Removes the session's cache folder, in the process that made it (not a user's own)."""
   if os.environ.get(_OWNED) == str(os.getpid()):
     shutil.rmtree(os.environ[CACHE_VARIABLE], ignore_errors=True)
+
+
+def share_compilations_between_processes() -> None:
+  """Keys cached programs by their devices' platform, kind, id and process index instead of
+  the topology fingerprint, which on the CPU differs between the processes of one run (see
+  the module docstring). A program's other key parts (module, compile options with the
+  device assignment, flags, versions) are JAX's own."""
+  from jax._src import cache_key
+
+  def by_device_names(hash_obj, devices) -> None:
+    for d in devices.flat:
+      cache_key._hash_string(hash_obj, f"{d.platform}/{d.device_kind}/{d.id}/{d.process_index}")
+
+  cache_key._hash_accelerator_config = by_device_names

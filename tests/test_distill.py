@@ -16,6 +16,8 @@ from transformer.train import checkpoints, experiment, setup
 from transformer.train import loop as train_lib
 from transformer.train.step import eval_step, train_step
 
+pytestmark = pytest.mark.one_worker  # the teacher is trained once (conftest.py)
+
 TAU, ALPHA = 2.5, 0.3
 
 

@@ -24,6 +24,8 @@ import numpy as np
 import pytest
 from session_env import PATIENCE_S
 
+pytestmark = pytest.mark.one_worker  # the reference run runs once (conftest.py)
+
 # Kills, preemption and the workdir lock (train.py subprocesses).
 
 

@@ -33,6 +33,8 @@ import time
 import fault_harness as fh
 import pytest
 
+pytestmark = pytest.mark.one_worker  # the reference and chain run once (conftest.py)
+
 TIMEOUT_S = fh.DISTRIBUTED_TIMEOUT_S  # config.distributed_timeout_s of these runs
 RUN = fh.TWO_PROCESS_RUN  # every checkpoint kept: the chain is compared step by step
 LOST = re.compile(

@@ -45,6 +45,8 @@ from transformer.tasks import classification
 from transformer.train import experiment, losses, setup
 from transformer.train import loop as train_lib
 
+pytestmark = pytest.mark.one_worker  # the tiny HF folders are made once (conftest.py)
+
 RECIPE = {  # family -> recipe
   "bert": "finetune_bert_testament",
   "llama": "finetune_llama_shakespeare",

@@ -63,12 +63,7 @@ def _overrides(task: str, data_dir: str) -> list[str]:
 
 
 if __name__ == "__main__":  # the training process
-  sys.path.insert(0, REPO)
-  from absl import app
-
-  import train
-  from transformer.cli import parse_flags
-  from transformer.train.loop import Hooks
+  import traced_train
 
   hold = os.environ.get("HOLD_AT_PHASE")
 
@@ -77,8 +72,7 @@ if __name__ == "__main__":  # the training process
     if hold == f"{name} {step}":
       time.sleep(600)  # the test SIGKILLs this process here
 
-  train.HOOKS = Hooks(phase=phase)
-  app.run(train.main, flags_parser=parse_flags)
+  traced_train.main(phase)
   sys.exit(0)
 
 import fault_harness as fh  # noqa: E402

@@ -21,6 +21,8 @@ from session_env import PATIENCE_S
 from transformer.train.guard import run_record
 from transformer.train.loop import Hooks
 
+pytestmark = pytest.mark.one_worker  # the tiny train.py run runs once (conftest.py)
+
 REPO = fh.REPO
 TINY_FLAGS = ("--config.num_train_steps=4", "--config.model.num_layers=1")
 

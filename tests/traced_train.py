@@ -4,25 +4,35 @@
 
 It installs a phase hook (`transformer.train.loop.Hooks`) and runs train.py's `main`, so
 the fault-injection tests can kill a run at a chosen moment (tests/fault_harness.py).
+`main(phase)` is the same with another hook: the scripts of tests/fault_harness.py and
+tests/test_multihost_resume.py, which can also hold a run at a phase.
 """
 
 import os
 import sys
+from collections.abc import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-
-from absl import app  # noqa: E402
-
-import train  # noqa: E402  (train.py at the repository root)
-from transformer.cli import parse_flags  # noqa: E402
-from transformer.train.loop import Hooks  # noqa: E402
 
 
 def print_phase(name: str, step: int) -> None:
   print(f"phase {name} {step}", file=sys.stderr, flush=True)
 
 
-if __name__ == "__main__":
-  train.HOOKS = Hooks(phase=print_phase)
+def main(phase: Callable[[str, int], None] = print_phase) -> None:
+  """Runs train.py's `main` on this process's flags with `phase` as the loop's hook."""
+  from absl import app
+  from session_env import share_compilations_between_processes
+
+  import train  # train.py at the repository root
+  from transformer.cli import parse_flags
+  from transformer.train.loop import Hooks
+
+  share_compilations_between_processes()
+  train.HOOKS = Hooks(phase=phase)
   app.run(train.main, flags_parser=parse_flags)
+
+
+if __name__ == "__main__":
+  main()

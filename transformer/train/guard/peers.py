@@ -76,10 +76,10 @@ class Group:
   announced: bool = False  # ... and said so in the key-value store
   exit_status: int = 0  # what it ends with
   step: int = -1  # the update the main thread is on (-1: not training yet)
+  first: int = -1  # the first update it was on in this run (-1: not training yet)
   moves: int = 0  # the main thread's marks of progress
   _published: str = ""
   _seen: dict[int, str] = dataclasses.field(default_factory=dict)
-  _firsts: dict[int, str] = dataclasses.field(default_factory=dict)  # each one's first mark
   _moved_at: float = 0.0  # time.monotonic() of the last mark seen to move
   _reporting: threading.Lock = dataclasses.field(default_factory=threading.Lock)
   _stop: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -169,19 +169,21 @@ class Group:
     }
 
   def _watch_progress(self, ending: bool) -> None:
-    """Publishes this process's mark; reports the stuck ones when no mark has moved for
-    the stall timeout (module docstring), unless some process is `ending` the run."""
-    mine = f"{self.step} {self.moves}"
+    """Publishes this process's mark (update, moves, first update); reports the stuck
+    ones when no mark has moved for the stall timeout (module docstring), unless some
+    process is `ending` the run. The count starts once every process is past its first
+    update, as its own mark says: a process may publish for the first time already stuck
+    (a first update loaded from the compilation cache takes less than a poll)."""
+    mine = f"{self.step} {self.moves} {self.first}"
     if self.step >= 0 and mine != self._published:
       self.client.key_value_set(f"{KEYS}/progress/{self.me}", mine, allow_overwrite=True)
       self._published = mine
     seen, now = self._entries("progress"), time.monotonic()
-    for i, mark in seen.items():
-      self._firsts.setdefault(i, mark)
     if seen != self._seen:
       self._seen, self._moved_at = seen, now
       return
-    armed = len(seen) == self.count and all(seen[i] != self._firsts[i] for i in seen)
+    past_first = [int(mark.split()[0]) > int(mark.split()[2]) for mark in seen.values()]
+    armed = len(seen) == self.count and all(past_first)
     if armed and not ending and now - self._moved_at >= self.stall_timeout:
       self.report_stalled({i: int(mark.split()[0]) for i, mark in seen.items()})
 
@@ -308,6 +310,7 @@ def watching(checkpoint_dir: Any) -> Iterator[None]:
 def progress(step: int) -> None:
   """The main thread is on update `step` (it fetched its batch); several processes only."""
   if _GROUP is not None:
+    _GROUP.first = step if _GROUP.first < 0 else _GROUP.first
     _GROUP.step = step
     _GROUP.moves += 1
 
