@@ -1,16 +1,18 @@
 """Two `jax.distributed` processes on localhost: exact resume of packed data, and the CRCs
 of the array shards each process holds.
 
-Per task (packed seq2seq on the shipped verse pairs, packed MLM on the shipped verses, tiny
-models): an uninterrupted two-process run; the same two commands SIGKILLed once the
-checkpoint of step 4 is on disk; the same commands again, which must resume from step 4
-and end with a train state equal byte for byte to the uninterrupted run's. Each process
-saved its own data-iterator state, and for packed data those states differ (the check that
-the per-process files are needed). The seq2seq runs use an FSDP mesh over the two
-processes, so every parameter is split between them: one value is then altered in a part
-held by process 0 (step 8) and in one held by process 1 (step 6); the rerun must find both
-(each process checks its own shards), move them aside, resume from step 4 and again end
-bit-exact. A resume with one process is refused in one line naming both counts.
+Packed MLM on the shipped verses (tiny model, replicated): an uninterrupted two-process
+run; the same two commands SIGKILLed once the checkpoint of step 4 is on disk; the same
+commands again, which must resume from step 4 and end with a train state equal byte for
+byte to the uninterrupted run's. Each process saved its own data-iterator state, and for
+packed data those states differ (the check that the per-process files are needed).
+
+Packed seq2seq on the shipped verse pairs, on an FSDP mesh over the two processes, so
+every parameter is split between them: after the run, one value is altered in a part held
+by process 0 (step 8) and in one held by process 1 (step 6); the rerun must find both
+(each process checks its own shards), move them aside, resume from step 4 and end
+bit-exact with the run before the alteration. A resume with one process is refused in
+one line naming both counts.
 
 Run as a script, this file is `train.py` with the loop's phases on stderr (as
 `tests/traced_train.py`) that, given HOLD_AT_PHASE="NAME STEP", stops at that phase
@@ -169,27 +171,43 @@ def prepared(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("task", list(TASKS))
-def test_two_processes_killed_and_resumed_end_bit_exact(prepared, task):
+def test_two_processes_killed_and_resumed_end_bit_exact(prepared):
+  """MLM, replicated: both processes SIGKILLed once step 4 is on disk; the rerun resumes
+  there, each process from its own data position, and ends as the uninterrupted run."""
   root, data_dir, env = prepared["root"], prepared["data_dir"], prepared["env"]
   source = fh.source_fingerprint()
-  reference, run = str(root / f"{task}_reference"), str(root / f"{task}_killed")
-  _finish(_start(task, reference, data_dir, env))
+  reference, run = str(root / "mlm_reference"), str(root / "mlm_killed")
+  _finish(_start("mlm", reference, data_dir, env))
 
-  _kill_after_checkpoint(_start(task, run, data_dir, env, hold="train 4"), run, 4)
+  _kill_after_checkpoint(_start("mlm", run, data_dir, env, hold="train 4"), run, 4)
   states = _data_states(run, 4)
   assert states[0] != states[1], states  # packed per process: the positions differ
-  outputs = _finish(_start(task, run, data_dir, env))
+  outputs = _finish(_start("mlm", run, data_dir, env))
   assert all("resumed from step 4" in out for out in outputs), outputs[0][-2000:]
   assert fh.final_state(run)["step"] == 8
   diff = fh.bit_equal(fh.final_state(run)["state"], fh.final_state(reference)["state"])
   assert not diff, (diff, _changed(source))
 
-  if task != "seq2seq":
-    return
-  # Parameters are split over the processes: one altered part per process.
+
+@pytest.mark.slow
+def test_two_processes_find_their_corrupt_shards_resume_and_end_bit_exact(prepared):
+  """Seq2seq, every parameter split over the two processes (FSDP): after the run, one
+  saved part held by process 0 is altered at step 8 and one held by process 1 at step 6.
+  The rerun finds both (each process checks its own shards), moves them aside, resumes
+  from step 4, each process from its own data position, and ends as the run did before
+  the alteration. (A SIGKILL before the resume is the MLM test's: the checkpoint of step
+  4 is the same committed one either way.)"""
+  root, data_dir, env = prepared["root"], prepared["data_dir"], prepared["env"]
+  source = fh.source_fingerprint()
+  run = str(root / "seq2seq")
+  _finish(_start("seq2seq", run, data_dir, env))
+  states = _data_states(run, 4)
+  assert states[0] != states[1], states  # packed per process: the positions differ
+  uninterrupted = fh.final_state(run)
+  assert uninterrupted["step"] == 8
+
   altered = {8: _alter_part(run, 8, part=0), 6: _alter_part(run, 6, part=-1)}
-  outputs = _finish(_start(task, run, data_dir, env))
+  outputs = _finish(_start("seq2seq", run, data_dir, env))
   said = [
     re.findall(r"checkpoint step (\d+) in \S+ is corrupt \(on process (\d): checksum mismatch", out)
     for out in outputs
@@ -200,11 +218,13 @@ def test_two_processes_killed_and_resumed_end_bit_exact(prepared, task):
     assert all(f"{path}[" in out for out in outputs), path
     assert os.path.isdir(os.path.join(run, "checkpoints", "corrupt", str(step)))
   assert all("resumed from step 4" in out for out in outputs)
-  diff = fh.bit_equal(fh.final_state(run)["state"], fh.final_state(reference)["state"])
+  resumed = fh.final_state(run)
+  assert resumed["step"] == 8
+  diff = fh.bit_equal(resumed["state"], uninterrupted["state"])
   assert not diff, (diff, _changed(source))
 
   # One process cannot continue the two processes' data positions: refused in one line.
-  one = fh.Run(_command(task, reference, data_dir) + ["--config.mesh.fsdp=1"], env)
+  one = fh.Run(_command("seq2seq", run, data_dir) + ["--config.mesh.fsdp=1"], env)
   assert one.wait() == 1
   errors = [line for line in one.output().splitlines() if line.startswith("error:")]
   assert len(errors) == 1 and "data-iterator states of 2 processes and this run has 1" in errors[0]
