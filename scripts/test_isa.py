@@ -1,4 +1,5 @@
-"""`make test-isa`: the numerics-sensitive tests under each XLA:CPU instruction-set cap.
+"""`make test-isa`: the numerics-sensitive tests as users' runs compile, on this CPU and
+under each XLA:CPU instruction-set cap.
 
 XLA:CPU emits other kernels for other instruction sets, so sums round differently on an
 AVX2-only CPU than on an AVX-512 one, and a test that holds here can fail on a user's CPU.
@@ -6,10 +7,16 @@ AVX2-only CPU than on an AVX-512 one, and a test that holds here can fail on a u
 a CPU would, and reproduces most of its numerics. This runs the tests whose assertions
 depend on rounding (the ops against the library ops, parity with float64 NumPy, PyTorch and
 Hugging Face, decoding against the full pass, the golden curves, bit-exact kill and resume)
-once per cap (the test session keeps the cap in every subprocess: tests/session_env.py),
-then prints one line per instruction set, and exits non-zero if any run failed.
+once per instruction set (`native`: this CPU's own, uncapped; the test session keeps a cap
+in every subprocess: tests/session_env.py), then prints one line per instruction set, and
+exits non-zero if any run failed.
 
-  python scripts/test_isa.py [--isa AVX2 SSE4_2] [pytest arguments ...]
+`make test` compiles quickly (tests/session_env.py: LLVM at -O0, XLA's older fusion
+emitter), which rounds differently in the last bits; here every run has
+`TESTS_XLA_CODEGEN=release`, XLA's own code generation, so these tests check the programs
+users run.
+
+  python scripts/test_isa.py [--isa native AVX2 SSE4_2] [pytest arguments ...]
 """
 
 from __future__ import annotations
@@ -57,12 +64,13 @@ SUMMARY = re.compile(r"\d+ (passed|failed|error)")
 
 
 def run(isa: str, extra: list[str]) -> tuple[int, str]:
-  """pytest under `--xla_cpu_max_isa=isa`, its output streamed: (exit code, summary line)."""
-  flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_max_isa={isa}".strip()
+  """pytest under `--xla_cpu_max_isa=isa` (none for `native`) with XLA's own code
+  generation, its output streamed: (exit code, summary line)."""
+  cap = "" if isa == "native" else f"--xla_cpu_max_isa={isa}"
+  flags = f"{os.environ.get('XLA_FLAGS', '')} {cap}".strip()
   cmd = [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "worksteal", *TESTS, *extra]
-  proc = subprocess.Popen(
-    cmd, cwd=REPO, env=dict(os.environ, XLA_FLAGS=flags), stdout=subprocess.PIPE, text=True
-  )
+  env = dict(os.environ, XLA_FLAGS=flags, TESTS_XLA_CODEGEN="release")
+  proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
   summary = "no summary line"
   for line in proc.stdout:
     sys.stdout.write(line)
@@ -73,11 +81,11 @@ def run(isa: str, extra: list[str]) -> tuple[int, str]:
 
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--isa", nargs="+", default=["AVX2", "SSE4_2"])
+  parser.add_argument("--isa", nargs="+", default=["native", "AVX2", "SSE4_2"])
   args, extra = parser.parse_known_args()
   lines, failed = [], False
   for isa in args.isa:
-    print(f"== --xla_cpu_max_isa={isa}", flush=True)
+    print(f"== {isa}: --xla_cpu_max_isa={isa}" if isa != "native" else "== native", flush=True)
     start = time.monotonic()
     code, summary = run(isa, extra)
     failed |= code != 0

@@ -42,7 +42,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from session_env import PATIENCE_S
+from session_env import PATIENCE_S, release_flags
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "record_golden.py"
@@ -161,7 +161,8 @@ def test_recipe_follows_its_golden_curve(name, tmp_path):
   recorded = json.loads((GOLDEN_DIR / f"{name}.json").read_text())
   cmd = [sys.executable, str(SCRIPT), "--config", name, "--out", str(tmp_path)]
   cmd += ["--workdir", str(tmp_path / "runs")]
-  env = dict(os.environ, PYTHONUNBUFFERED="1")
+  # compiled as users' runs are: the recorded curves are their numbers
+  env = dict(os.environ, PYTHONUNBUFFERED="1", XLA_FLAGS=release_flags())
   out = subprocess.run(cmd, capture_output=True, text=True, timeout=PATIENCE_S, cwd=REPO, env=env)
   if out.returncode:
     tail = "\n".join((out.stdout + out.stderr).splitlines()[-30:])

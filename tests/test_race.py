@@ -27,7 +27,7 @@ def _import_benchmark(name: str):
 
 @pytest.mark.slow
 def test_race_runs_both_sides_and_prints_finite_rows():
-  env = {**os.environ, "XLA_FLAGS": xla_flags(1)}  # batch 12
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1, release=True)}  # batch 12; timed as users run
   out = subprocess.run(
     [sys.executable, os.path.join(BENCHMARKS, "race.py"), "--quick", "--max-iters", "10",
      "--eval-interval", "5", "--our-steps", "10", "--our-eval-every", "5", "--target", "3.8",
