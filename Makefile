@@ -1,7 +1,8 @@
 # Two commands do all the set-up on a fresh machine:
 #   make train   -- builds .venv if missing, trains the default model (configs/lm_shakespeare.py)
 #   make test    -- builds .venv if missing, runs the whole test suite
-#   make test-isa -- the numerics-sensitive tests under XLA's AVX2 and SSE4_2 caps (scripts/test_isa.py)
+#   make test-isa -- the numerics-sensitive tests as users' runs compile them: natively, then
+#                    under XLA's AVX2 and SSE4_2 caps (scripts/test_isa.py)
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -3,8 +3,8 @@ random parameters, jitted apply.
 
 The XLA flags and the cache must be set before JAX starts, so they come first
 (tests/session_env.py: eight devices, the CPU vector width `train.py` sets, so results
-computed here and in `train.py` subprocesses round identically, and any flag the caller
-gave, such as `make test-isa`'s ISA cap). Fixtures:
+computed here and in `train.py` subprocesses round identically, quick compilation, and any
+flag the caller gave, such as `make test-isa`'s ISA cap). Fixtures:
 
   tiny_config(family='decoder', **overrides) -> ModelConfig   a small valid config
   random_params(module, *args, seed=0, method=None, **kwargs) -> params
