@@ -9,6 +9,9 @@ PY := $(VENV)/bin/python
 WORKDIR ?= runs/lm_shakespeare
 CONFIG ?= configs/lm_shakespeare.py
 PYTEST_ARGS ?=
+# Three pytest workers on two cores: a third keeps the CPU busy while a test waits on its
+# subprocesses, the storage emulator or Ray (docs/TESTING.md, "Where the time goes").
+TEST_WORKERS ?= 3
 
 .PHONY: train test test-isa lint format lock clean-venv
 
@@ -23,7 +26,7 @@ train: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m ruff check .
-	$(PY) -m pytest -n 2 --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 test-isa: $(VENV)/.installed
 	$(PY) scripts/test_isa.py $(PYTEST_ARGS)

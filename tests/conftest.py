@@ -272,8 +272,8 @@ def jit_apply():
 
 def pytest_collection_modifyitems(config, items):
   """The modules marked `one_worker` first. Their tests share a costly module fixture (a
-  reference run); `make test`'s `--dist worksteal` hands the first half of the collection
-  to the first worker, and a worker that runs out steals from the end of another's queue,
+  reference run); `make test`'s `--dist worksteal` hands each worker an equal share of the
+  collection in order, and a worker that runs out steals from the end of another's queue,
   so these stay together at the head of one queue and each fixture is built once."""
   items.sort(key=lambda item: item.get_closest_marker("one_worker") is None)
 
