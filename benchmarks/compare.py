@@ -135,8 +135,11 @@ def report(results: list[dict], args) -> None:
   import jax
   import torch
 
+  from transformer.train.machine import cpu_isa
+
+  print(f"\nCPU: {cpu_isa()}; load average {os.getloadavg()[0]:.2f}")
   print(
-    f"\njax {jax.__version__} ({jax.devices()[0].device_kind}), torch {torch.__version__}"
+    f"jax {jax.__version__} ({jax.devices()[0].device_kind}), torch {torch.__version__}"
     f" ({torch.get_num_threads()} threads), {os.cpu_count()} cores, float32, malloc={args.malloc},"
     f" XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r},"
     f" medians of {args.rounds} alternating rounds after {args.warmup} warm-up rounds\n"

@@ -21,6 +21,8 @@ import numpy as np
 import train_step as ts
 from jax import lax
 
+from transformer.train.machine import cpu_isa
+
 
 def _median_ms(f, *args, repeats: int) -> float:
   f = jax.jit(f)
@@ -68,6 +70,7 @@ def main():
   args = parser.parse_args()
   ts.set_malloc_policy(args.malloc)
   ts.add_xla_flags(args.xla_flags)
+  print(f"CPU: {cpu_isa()}")
   print(f"M = {args.m} tokens; ms per GEMM (median of {args.repeats})")
   print("| weight K x N | layout | forward | input grad | weight grad | sum |")
   print("|---|---|---|---|---|---|")

@@ -30,6 +30,8 @@ import numpy as np
 import train_step as ts
 from jax import lax
 
+from transformer.train.machine import cpu_isa
+
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (\w+)\[([\d,]*)\]")
 _DOT = re.compile(r" dot\(%?([\w.\-]+), %?([\w.\-]+)\)")
 
@@ -147,6 +149,7 @@ def main():
   total_s = sum(r[0] for r in rows)
   executed = sum(n * d.flops for _, n, d, _ in rows)
 
+  print(f"CPU: {cpu_isa()}")
   print(f"workload: {w.name}, batch {w.batch} x {w.seq}; {len(dots)} dots, {len(counts)} distinct")
   print("\n| dot | count | GFLOP each | ms each | GFLOP/s | ms total |\n|---|---|---|---|---|---|")
   for total, n, d, t in rows:

@@ -21,6 +21,7 @@ import optax
 from transformer import tasks
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
+from transformer.train.machine import cpu_isa
 from transformer.train.parallel import StepRunner, make_mesh
 from transformer.train.step import StepConfig, create_train_state
 
@@ -83,6 +84,7 @@ def main():
   parser.add_argument("--layers", type=int, nargs="+", default=[2, 8, 24])
   parser.add_argument("--remat_seq", type=int, default=1024)
   args = parser.parse_args()
+  print(f"CPU: {cpu_isa()}")
   print(f"device: {jax.devices()[0].device_kind}; jax {jax.__version__}\n")
   compile_times(args.layers)
   print()

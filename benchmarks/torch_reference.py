@@ -53,6 +53,8 @@ from train_step import (  # noqa: E402  (benchmarks/ is on sys.path when run as 
   make_batch,
 )
 
+from transformer.train.machine import cpu_isa  # noqa: E402
+
 
 class Attention(nn.Module):
   """Multi-head self- (fused QKV) or cross-attention (Q from x, fused KV from memory)."""
@@ -280,6 +282,7 @@ def main():
   parser.add_argument("--warmup", type=int, default=2)
   args = parser.parse_args()
   torch.set_num_threads(os.cpu_count())
+  print(f"CPU: {cpu_isa()}")
   print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
   print("| workload | mode | first step (s) | step (ms) | tokens/s |\n|---|---|---|---|---|")
   for name in args.workload:

@@ -43,6 +43,7 @@ from transformer.data import masking
 from transformer.data.config import DataConfig
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model, flops_per_token
+from transformer.train.machine import cpu_isa
 from transformer.train.parallel import StepRunner, make_mesh
 from transformer.train.step import StepConfig, create_train_state
 
@@ -272,6 +273,7 @@ def main():
     w = dataclasses.replace(w, batch=args.batch)
   peak = matmul_peak(args.dtype)
   r = benchmark(w, args.steps)
+  print(f"CPU: {cpu_isa()}")
   print(f"device: {jax.devices()[0].device_kind} x{jax.device_count()}, dtype {args.dtype}")
   print(f"malloc={args.malloc}, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
   print(f"workload: {w.name}, batch {w.batch} x {w.seq} tokens")

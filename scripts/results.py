@@ -186,8 +186,9 @@ def _machines(results: Sequence[Result]) -> list[str]:
     if run is None:
       continue
     v = run.get("versions", {})
+    family = f" ({run['cpu_family']})" if run.get("cpu_family") else ""
     line = (
-      f"{run.get('cpu_model') or 'unknown CPU'}, {run.get('cpu_count', '?')} CPUs "
+      f"{run.get('cpu_model') or 'unknown CPU'}{family}, {run.get('cpu_count', '?')} CPUs "
       f"(flags: {' '.join(run.get('isa', [])) or 'none listed'}); "
       f"{run.get('platform', '?')} × {run.get('device_count', '?')} device(s); "
       f"JAX {v.get('jax', '?')}, jaxlib {v.get('jaxlib', '?')}, Flax {v.get('flax', '?')}, "

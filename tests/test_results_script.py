@@ -27,6 +27,19 @@ REPO = fh.REPO
 TINY_FLAGS = ("--config.num_train_steps=4", "--config.model.num_layers=1")
 
 
+def _cpu_family() -> str:
+  """'family F, model M' from /proc/cpuinfo's first 'cpu family' and 'model' lines, read
+  here by a regular expression ('' where there are none: no /proc, or not x86)."""
+  try:
+    with open("/proc/cpuinfo") as f:
+      text = f.read()
+  except OSError:
+    return ""
+  family = re.search(r"^cpu family\s*:\s*(\d+)$", text, re.M)
+  model = re.search(r"^model\s*:\s*(\d+)$", text, re.M)
+  return f"family {family[1]}, model {model[1]}" if family and model else ""
+
+
 def _load_script():
   spec = importlib.util.spec_from_file_location(
     "results", os.path.join(REPO, "scripts", "results.py")
@@ -84,6 +97,7 @@ def test_train_py_appends_its_run_record(tiny_run):
   assert abs((ended - started).total_seconds() - record["wall_seconds"]) <= 1.0
   assert record["cpu_user_seconds"] > 0.5 and record["cpu_system_seconds"] >= 0.0
   assert set(record["isa"]) <= set(run_record.ISA_FLAGS) and record["cpu_count"] >= 1
+  assert record["cpu_family"] == _cpu_family(), record["cpu_family"]
   assert len(record["load_start"]) == 3 and len(record["load_end"]) == 3
   assert record["versions"]["jax"] == jax.__version__ and record["versions"]["flax"]
   assert (record["platform"], record["device_count"], record["process_count"]) == ("cpu", 1, 1)

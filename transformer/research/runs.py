@@ -78,11 +78,12 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def machine() -> dict:
-  """CPU model, core count, vector ISA flags and the 1 / 5 / 15-minute load averages."""
+  """CPU model (with its family and model numbers), core count, vector ISA flags and the
+  1 / 5 / 15-minute load averages."""
   info = cpu_info()
   cpu = info["cpu_model"] or platform.processor()
   return {
-    "cpu": cpu,
+    "cpu": f"{cpu} ({info['cpu_family']})" if info["cpu_family"] else cpu,
     "cores": info["cpu_count"],
     "isa": info["isa"],
     "load_average": load_average(),

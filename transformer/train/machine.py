@@ -3,6 +3,10 @@
 Timings on CPUs differ by instruction set (the same code can run twice as fast with
 AVX-512 as with AVX2 only), so every benchmark prints `cpu_isa()` in its header and
 every run record (`transformer/train/guard/run_record.py`) stores `cpu_info()` and the load.
+The same flags do not name one speed either: a virtual machine's model name is often just
+'AMD EPYC', and an AMD EPYC of family 25 (Zen 3 / Zen 4) and one of family 26 (Zen 5) list
+the same AVX-512 flags while their float32 matmul peaks differ about 2.5x
+(docs/PERFORMANCE.md), so the CPU's family and model numbers are printed too.
 """
 
 from __future__ import annotations
@@ -17,28 +21,37 @@ ISA_FLAGS = (
 
 
 def cpu_info() -> dict[str, Any]:
-  """The CPU's model name, which of `ISA_FLAGS` it has (from /proc/cpuinfo; empty where
-  there is none) and how many CPUs this process may run on."""
-  model, flags = "", []
+  """The CPU's model name, its family and model numbers ('family 25, model 17'), which of
+  `ISA_FLAGS` it has (from /proc/cpuinfo; empty where there is none) and how many CPUs
+  this process may run on."""
+  fields: dict[str, str] = {}
   try:
     with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-      lines = f.read().splitlines()
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "")
-    flags = next((ln.split(":", 1)[1].split() for ln in lines if ln.startswith("flags")), [])
+      for line in f.read().split("\n\n")[0].splitlines():  # the first CPU's block
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
   except OSError:
     pass
+  flags = fields.get("flags", "").split()
+  family, number = fields.get("cpu family", ""), fields.get("model", "")
   try:
     count = len(os.sched_getaffinity(0))
   except (AttributeError, OSError):
     count = os.cpu_count()
-  return {"cpu_model": model, "isa": [f for f in ISA_FLAGS if f in flags], "cpu_count": count}
+  return {
+    "cpu_model": fields.get("model name", ""),
+    "cpu_family": f"family {family}, model {number}" if family and number else "",
+    "isa": [f for f in ISA_FLAGS if f in flags],
+    "cpu_count": count,
+  }
 
 
 def cpu_isa() -> str:
-  """One line for a benchmark header: 'AMD EPYC; ISA: sse4_2 avx avx2 ...'."""
+  """One line for a benchmark header: 'AMD EPYC (family 25, model 17); ISA: sse4_2 avx ...'."""
   info = cpu_info()
   isa = " ".join(info["isa"]) or "no SIMD flags listed"
-  return f"{info['cpu_model'] or 'unknown CPU'}; ISA: {isa}"
+  family = f" ({info['cpu_family']})" if info["cpu_family"] else ""
+  return f"{info['cpu_model'] or 'unknown CPU'}{family}; ISA: {isa}"
 
 
 def load_average() -> list[float] | None:

@@ -13,7 +13,9 @@ instead of copied by hand. A resumed run appends one line per leg. Each line hol
                     (no /proc) the import of this module, a second or so later
   cpu_user_seconds, cpu_system_seconds
                     `os.times()` of the process plus its waited-for children
-  cpu_model, isa    /proc/cpuinfo's model name and which of `ISA_FLAGS` it lists;
+  cpu_model, cpu_family, isa
+                    /proc/cpuinfo's model name, its family and model numbers
+                    ('family 25, model 17') and which of `ISA_FLAGS` it lists;
                     `cpu_count` the CPUs this process may run on
   load_start, load_end
                     the 1, 5 and 15 minute load averages when `main` started and at the end
