@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from transformer import process_settings  # imports no JAX
+from transformer.train.machine import cpuinfo_fields  # nor this
 
 REPO = Path(__file__).resolve().parents[1]
 GOLDEN_DIR = REPO / "tests" / "golden"
@@ -100,19 +101,11 @@ def _number(x: float | None) -> float | None:
 
 
 def cpu_description() -> dict:
-  """The CPU's model name and the vector-ISA flags that decide XLA:CPU's kernels."""
-  model, flags = platform.processor() or platform.machine(), []
-  try:
-    with open("/proc/cpuinfo") as f:
-      for line in f:
-        key, _, value = line.partition(":")
-        if key.strip() == "model name" and model in ("", platform.machine(), "x86_64"):
-          model = value.strip()
-        if key.strip() == "flags":
-          flags = sorted(f for f in value.split() if ISA_FLAGS.match(f))
-          break
-  except OSError:  # not Linux
-    pass
+  """The CPU's model name and the vector-ISA flags that decide XLA:CPU's kernels (every
+  flag `ISA_FLAGS` matches, not only those of `transformer.train.machine.ISA_FLAGS`)."""
+  fields = cpuinfo_fields()
+  model = fields.get("model name") or platform.processor() or platform.machine()
+  flags = sorted(f for f in fields.get("flags", "").split() if ISA_FLAGS.match(f))
   cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
   return {"model": model, "isa_flags": flags, "cores": cores}
 

@@ -20,18 +20,25 @@ ISA_FLAGS = (
 )  # fmt: skip
 
 
-def cpu_info() -> dict[str, Any]:
-  """The CPU's model name, its family and model numbers ('family 25, model 17'), which of
-  `ISA_FLAGS` it has (from /proc/cpuinfo; empty where there is none) and how many CPUs
-  this process may run on."""
+def cpuinfo_fields() -> dict[str, str]:
+  """The first CPU's block of /proc/cpuinfo as {field: value} ('model name', 'cpu family',
+  'model', 'flags', ...); empty where there is no /proc/cpuinfo."""
   fields: dict[str, str] = {}
   try:
     with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-      for line in f.read().split("\n\n")[0].splitlines():  # the first CPU's block
+      for line in f.read().split("\n\n")[0].splitlines():
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
   except OSError:
     pass
+  return fields
+
+
+def cpu_info() -> dict[str, Any]:
+  """The CPU's model name, its family and model numbers ('family 25, model 17'), which of
+  `ISA_FLAGS` it has (from /proc/cpuinfo; empty where there is none) and how many CPUs
+  this process may run on."""
+  fields = cpuinfo_fields()
   flags = fields.get("flags", "").split()
   family, number = fields.get("cpu family", ""), fields.get("model", "")
   try:
