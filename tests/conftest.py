@@ -23,6 +23,7 @@ import session_env
 
 session_env.configure()
 
+import gc  # noqa: E402
 import glob  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
@@ -276,6 +277,15 @@ def pytest_collection_modifyitems(config, items):
   collection in order, and a worker that runs out steals from the end of another's queue,
   so these stay together at the head of one queue and each fixture is built once."""
   items.sort(key=lambda item: item.get_closest_marker("one_worker") is None)
+
+
+def pytest_collection_finish(session):
+  """Freezes what the imports and the collection left (`gc.freeze`, as the commands do in
+  `cli.apply_process_settings`): Python's cyclic garbage collector no longer walks those
+  objects in each full collection while tests trace. The in-process tests of
+  test_models.py, test_decode_cache.py and test_ops.py took 50 s instead of 54 s."""
+  gc.collect()  # what the collection left unreachable is freed, not frozen
+  gc.freeze()
 
 
 def pytest_unconfigure(config):
