@@ -35,7 +35,7 @@ def apply_process_settings() -> None:
   The freeze moves the objects alive now (about 190,000, nearly all made by the imports)
   out of reach of Python's cyclic garbage collector. It runs many times while JAX traces
   the steps and once more at exit, and it walked them all each time: a tiny `train.py`
-  run took 0.7 s less (docs/PERFORMANCE.md). They are freed as before when their last
+  run took 0.6 s less (docs/PERFORMANCE.md). They are freed as before when their last
   reference goes; only a reference cycle among them would stay, and the imports leave
   about ten such objects.
   """
