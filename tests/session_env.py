@@ -36,6 +36,13 @@ every subprocess a test starts inherits the result (or takes it from `xla_flags`
   differ), and a one-process run never shares an entry with a two-process one (the
   process indices differ).
 
+- No Python source locations in the programs JAX lowers (JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS=0,
+  JAX_TRACEBACK_IN_LOCATIONS_LIMIT=0). By default JAX attaches each operation's Python
+  call stack to the MLIR it lowers, for profiles and HLO dumps; no test reads them, and
+  lowering without them costs about 2% less of an in-process test file's CPU time. The
+  compiled programs are the same (only the instructions' names and metadata differ), so
+  the results are bit for bit the same.
+
 - HF_DATASETS_OFFLINE=1: `datasets` (data.source='hf') reads its cache only, as a test may
   reach no network; a Hub name not cached fails at once instead of after retries.
 
@@ -128,6 +135,9 @@ def configure() -> None:
   os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  # No Python source locations in the lowered programs (module docstring).
+  os.environ.setdefault("JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS", "0")
+  os.environ.setdefault("JAX_TRACEBACK_IN_LOCATIONS_LIMIT", "0")
 
 
 def remove_cache() -> None:
