@@ -39,7 +39,7 @@ every subprocess a test starts inherits the result (or takes it from `xla_flags`
 - No Python source locations in the programs JAX lowers (JAX_INCLUDE_FULL_TRACEBACKS_IN_LOCATIONS=0,
   JAX_TRACEBACK_IN_LOCATIONS_LIMIT=0). By default JAX attaches each operation's Python
   call stack to the MLIR it lowers, for profiles and HLO dumps; no test reads them, and
-  lowering without them costs about 2% less of an in-process test file's CPU time. The
+  lowering without them saves about 2% of an in-process test file's CPU time. The
   compiled programs are the same (only the instructions' names and metadata differ), so
   the results are bit for bit the same.
 
