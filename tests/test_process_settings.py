@@ -135,8 +135,10 @@ def test_an_unusable_cache_folder_is_one_warning_and_no_cache(tmp_path, capsys):
 
 def test_train_main_imports_no_heavy_library_it_does_not_use():
   """`import transformer.train_main` (what train.py runs first) loads neither PyTorch,
-  TensorFlow, Hugging Face's libraries nor Ray: a run that uses them imports them then."""
+  TensorFlow, Hugging Face's libraries, Ray, Pallas's TPU kernels nor sacrebleu: a run that
+  uses them imports them then."""
   heavy = ("torch", "tensorflow", "transformers", "datasets", "ray", "matplotlib", "lm_eval")
+  heavy += ("jax.experimental.pallas.ops.tpu.splash_attention", "sacrebleu")
   code = (
     f"import sys, transformer.train_main\nprint(sorted(m for m in {heavy!r} if m in sys.modules))\n"
   )

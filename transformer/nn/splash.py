@@ -34,15 +34,11 @@ check it on the CPU. It is off by default, and nothing in the project turns it o
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental.pallas.ops.tpu.splash_attention import (
-  splash_attention_kernel as splash_kernel,
-)
-from jax.experimental.pallas.ops.tpu.splash_attention import (
-  splash_attention_mask as splash_mask,
-)
 
 from transformer.nn import partitioning
 from transformer.nn.masks import MaskInfo
@@ -185,6 +181,18 @@ def sequence_sharded_attention(
   return out.transpose(0, 2, 1, 3).astype(q.dtype)  # [B, T, N, H]
 
 
+def _pallas() -> tuple[Any, Any]:
+  """jax's splash kernel and mask modules, imported when a kernel is first built: importing
+  Pallas's TPU kernels takes about 0.1 s, which a run that never uses them (every run off
+  a TPU) does not pay."""
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel,
+    splash_attention_mask,
+  )
+
+  return splash_attention_kernel, splash_attention_mask
+
+
 def _rows(kernel, q, k, v, q_seg=None, kv_seg=None) -> jax.Array:
   """The kernel over each row of one device's q [b, n, t, H], k, v [b, k, s, H] and
   segment ids [b, t], [b, s] (None: none): [b, n, t, H]."""
@@ -192,15 +200,16 @@ def _rows(kernel, q, k, v, q_seg=None, kv_seg=None) -> jax.Array:
     k, v = k[:, 0], v[:, 0]  # [b, s, H]
   if q_seg is None:
     return jax.vmap(kernel)(q, k, v)
-  attend = lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=splash_kernel.SegmentIds(qs, ks))
+  segment_ids = _pallas()[0].SegmentIds
+  attend = lambda q, k, v, qs, ks: kernel(q, k, v, segment_ids=segment_ids(qs, ks))
   return jax.vmap(attend)(q, k, v, q_seg, kv_seg)
 
 
-def _kernel(
-  n, mqa, tp, sp, causal, window, bq, bkv, head_shards=1, q_seq_shards=1
-) -> splash_kernel.SplashAttentionKernel:
-  """The kernel for n query heads over [Tp, Sp] (mask processing is cached by jax); with
-  shards, its mask data split over `head_shards` x `q_seq_shards` devices."""
+def _kernel(n, mqa, tp, sp, causal, window, bq, bkv, head_shards=1, q_seq_shards=1) -> Any:
+  """The kernel (a `SplashAttentionKernel`) for n query heads over [Tp, Sp] (mask processing
+  is cached by jax); with shards, its mask data split over `head_shards` x `q_seq_shards`
+  devices."""
+  splash_kernel, splash_mask = _pallas()
   if window is not None:
     mask = splash_mask.LocalMask((tp, sp), (window - 1, 0 if causal else window - 1), offset=0)
   elif causal:
