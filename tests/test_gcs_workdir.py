@@ -124,7 +124,9 @@ def test_gs_workdir_train_kill_resume_evaluate(emulator, tmp_path):
 
   from transformer.data import files  # noqa: F401  (fresh listings: other processes write)
 
-  env = _env(emulator)
+  temp = tmp_path / "temp"  # the runs' temporary directory: TensorBoard's staging folders
+  temp.mkdir()
+  env = {**_env(emulator), "TMPDIR": str(temp)}
   local = str(tmp_path / "local")
   ref = _run(_train(local), env)
   assert ref.returncode == 0, ref.stdout + ref.stderr
@@ -134,6 +136,7 @@ def test_gs_workdir_train_kill_resume_evaluate(emulator, tmp_path):
   killed = _run([sys.executable, "-c", script, *_train(url)[2:]], env)
   assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
   assert f"killing at {KILL_AT}" in killed.stderr
+  assert len(list(temp.glob("tensorboard-*"))) == 1  # the killed run's staging folder
   root = epath.Path(url)
   assert (root / "run.lock").exists()  # the crash left its lease behind
   lease = json.loads((root / "run.lock").read_text())
@@ -145,6 +148,7 @@ def test_gs_workdir_train_kill_resume_evaluate(emulator, tmp_path):
   assert f"resumed from step {KILL_AT}" in out
   assert "took over the stale lease" in out
   assert not (root / "run.lock").exists()  # released at the end
+  assert not list(temp.glob("tensorboard-*"))  # the killed run's removed, its own closed
 
   bad = bit_equal(final_state(local)["state"], final_state(url)["state"])
   assert final_state(url)["step"] == 6 and not bad, bad

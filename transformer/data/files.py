@@ -10,7 +10,8 @@ Files ending in `.gz` are decompressed transparently.
 old file or the new one, never a partial one. It takes local paths and object-storage
 URLs (`gs://bucket/...`, through `etils.epath`); `is_remote` tells them apart.
 `read_jsonl` reads the package's logs (metrics, run records); `one_line(e)` is how a storage
-error is reported wherever the package reports one.
+error is reported wherever the package reports one. `staging_folder` is a local folder for
+what a process writes locally and uploads (the TensorBoard events of a remote workdir).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import hashlib
 import io
 import json
 import os
+import shutil
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -207,6 +210,30 @@ def is_remote(path: str | os.PathLike) -> bool:
   """True for an object-storage URL such as `gs://bucket/run` (read and written through
   `etils.epath`), False for a local path."""
   return "://" in os.fspath(path)
+
+
+def staging_folder(remote: str, kind: str) -> str:
+  """A new local folder for files that this process writes and uploads to `remote`:
+  `{kind}-{hash of remote}-{pid}-{random}` in the temporary directory. The folders of the
+  same `remote` and kind whose process has ended (killed: the uploader removes its own) are
+  removed first; the caller must not need what a dead process left in its folder."""
+  prefix = f"{kind}-{hashlib.sha256(remote.encode()).hexdigest()[:16]}-"
+  temp = tempfile.gettempdir()
+  for name in os.listdir(temp):
+    pid = name[len(prefix) :].split("-")[0]
+    if name.startswith(prefix) and pid.isdigit() and not _running(int(pid)):
+      shutil.rmtree(os.path.join(temp, name), ignore_errors=True)
+  return tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-")
+
+
+def _running(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)  # no signal: only whether the process exists
+  except ProcessLookupError:
+    return False
+  except PermissionError:  # another user's
+    return True
+  return True
 
 
 def write_atomic(path: str | os.PathLike, data: str | bytes) -> Path | epath.Path:

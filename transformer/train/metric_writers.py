@@ -20,15 +20,15 @@ memory and uploaded whole, and the TensorBoard event file is written to a local 
 folder and uploaded whole to `workdir/tensorboard/`; both at most every `sync_seconds`
 (Cloud Storage allows about one write a second per object), at `flush()` (the loop flushes
 before each checkpoint) and at `close()`. A killed run loses at most the lines since the
-last upload; on resume those lie past the checkpoint and would be dropped anyway.
+last upload; on resume those lie past the checkpoint and would be dropped anyway. For the
+same reason the next run of the workdir on that host removes the killed run's staging
+folder (`files.staging_folder`); `close()` removes a run's own.
 
 Resuming: `MetricWriter(..., resume_step=s)` drops JSONL lines with step > s
 (`truncate_after`) and asks TensorBoard to purge events after s, so a resumed run
 continues both logs without duplicates.
 
-`plot_curves(jsonl_paths, out_png)` draws loss (train and eval) and learning rate
-against step, several runs overlaid; `png_figure` and `save_png` are the pixel-exact Agg
-figure and atomic PNG write shared with the research plots.
+The curves drawn from the JSONL log: `train/curves.py`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -48,7 +47,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from transformer.data.files import StorageError, is_remote, one_line, write_atomic
+from transformer.data.files import StorageError, is_remote, one_line, staging_folder, write_atomic
 from transformer.data.progress import format_duration
 
 JSONL_NAME = "metrics.jsonl"
@@ -151,7 +150,7 @@ class MetricWriter:
     purge = None if resume_step is None else resume_step + 1
     tb_dir = os.path.join(self.workdir, TENSORBOARD_DIR)
     if self._remote:
-      self._staging = tb_dir = tempfile.mkdtemp(prefix="tensorboard-")
+      self._staging = tb_dir = staging_folder(self.workdir, "tensorboard")
     self._tb = SummaryWriter(
       tb_dir,
       purge_step=purge,
