@@ -3,6 +3,7 @@ same GPT-2 weights, greedy and top-k sampling, on the CPU.
 
   python benchmarks/decode_vs_hf.py                    # defaults below, a few minutes
   python benchmarks/decode_vs_hf.py --batch-sizes 1 16 --new-tokens 64 --rounds 3
+  python benchmarks/decode_vs_hf.py --cpu-devices 2        # ours on two CPU devices
 
 The weights (nothing downloaded): a `transformers.GPT2LMHeadModel` of GPT2Config(V=4096,
 n_positions=512, n_embd=256, n_layer=4, n_head=4; d_ff 4 x 256, tanh GELU, tied
@@ -14,7 +15,11 @@ Prompts: [B, --prompt-len] random ids (no padding, attention mask all ones), the
 both; --new-tokens new tokens per row, no EOS stopping (Hugging Face: eos_token_id=None,
 min_new_tokens = max_new_tokens; ours: eos_id -1).
 - ours: `transformer.decode.lm_decode`, one jitted program (prefill, then while loops over
-  a cache that doubles as it fills); top-k through a `decode.Sampling` pytree.
+  a cache that grows as it fills); top-k through a `decode.Sampling` pytree.
+  --cpu-devices N splits the CPU into N JAX devices (`jax_num_cpu_devices`) and shards
+  each batch N divides over them, parameters replicated: each device decodes its rows,
+  at the same time (XLA:CPU runs one device's batched attention products on one thread;
+  docs/PERFORMANCE.md, "Decoding"). A batch N does not divide runs on the first device.
 - HF: `model.generate(input_ids, attention_mask, max_new_tokens=...)` under
   `torch.inference_mode()` with its default (dynamic) KV cache and attention
   implementation; `torch.set_num_threads(os.cpu_count())`, and OMP_WAIT_POLICY=PASSIVE
@@ -49,6 +54,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from decode import alternate  # noqa: E402  (benchmarks/ is on sys.path)
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from transformer import convert  # noqa: E402
 from transformer import decode as dec  # noqa: E402
@@ -74,7 +81,31 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument("--temperature", type=float, default=1.0)
   p.add_argument("--rounds", type=int, default=3, help="timed calls per variant (median)")
   p.add_argument("--seed", type=int, default=0)
-  return p.parse_args(argv)
+  p.add_argument(
+    "--cpu-devices", type=int, default=1,
+    help="split the CPU into this many JAX devices and shard each batch they divide",
+  )  # fmt: skip
+  a = p.parse_args(argv)
+  if a.cpu_devices < 1:
+    p.error(f"--cpu-devices must be >= 1, got {a.cpu_devices}")
+  return a
+
+
+def placement(cpu_devices: int):
+  """`place(tree, b, batch_axis)`: a pytree of a batch of b rows put on the devices, split
+  by row (batch_axis) or replicated over a 'data' mesh of all of them when they divide b,
+  else on the first device. Call after `jax_num_cpu_devices` is set."""
+  devices = jax.devices()[:cpu_devices]
+  if len(devices) < cpu_devices:
+    raise SystemExit(f"--cpu-devices={cpu_devices}, but JAX has {len(devices)} devices")
+  mesh = Mesh(np.array(devices), ("data",))
+
+  def place(tree, b: int, batch_axis: bool):
+    if b % len(devices):
+      return jax.device_put(tree, devices[0])
+    return jax.device_put(tree, NamedSharding(mesh, P("data") if batch_axis else P()))
+
+  return place
 
 
 def gpt2_checkpoint(a, path: str):
@@ -123,6 +154,8 @@ def main(argv=None) -> int:
   if a.prompt_len + a.new_tokens > a.max_len:
     raise SystemExit(f"--prompt-len + --new-tokens must be <= --max-len={a.max_len}")
   torch.set_num_threads(os.cpu_count())
+  jax.config.update("jax_num_cpu_devices", a.cpu_devices)  # before JAX starts
+  place = placement(a.cpu_devices)
   with tempfile.TemporaryDirectory() as path:
     hf = gpt2_checkpoint(a, path)
     config, params = convert.load(path)
@@ -132,18 +165,20 @@ def main(argv=None) -> int:
   rng = np.random.default_rng(a.seed)
   key = jax.random.key(a.seed)
   sampling = dec.Sampling(key, a.temperature, a.top_k, 1.0)
-  fns, outs, inputs = {}, {}, {}
+  fns, outs, inputs, placed = {}, {}, {}, {}
   for mode in MODES:
     for b in a.batch_sizes:
       if b not in inputs:
         inputs[b] = rng.integers(NUM_SPECIAL, a.vocab, (b, a.prompt_len)).astype(np.int32)
-      prompts = inputs[b]
-      ours_args = (jnp.asarray(prompts), jnp.full((b,), a.prompt_len, jnp.int32))
+        rows = place((inputs[b], np.full((b,), a.prompt_len, np.int32)), b, True)
+        placed[b] = (place(params["params"], b, False), *rows, place(sampling, b, False))
+      prompts, ours_args = inputs[b], placed[b]
       ids = torch.from_numpy(prompts.astype(np.int64))
 
       def ours(mode=mode, b=b, args=ours_args):
-        s = sampling if mode == "top-k" else None
-        out = dec.lm_decode(model, params["params"], *args, length=a.new_tokens, sampling=s)
+        weights, tokens, lengths, placed_sampling = args
+        s = placed_sampling if mode == "top-k" else None
+        out = dec.lm_decode(model, weights, tokens, lengths, length=a.new_tokens, sampling=s)
         outs[mode, b, "ours"] = out.tokens
         return out.tokens
 
@@ -157,7 +192,8 @@ def main(argv=None) -> int:
   load = " ".join(f"{x:.2f}" for x in os.getloadavg())
   print(f"CPU: {cpu_isa()}; load average {load}")
   print(
-    f"jax {jax.__version__} ({jax.devices()[0].platform}), torch {torch.__version__} "
+    f"jax {jax.__version__} ({jax.devices()[0].platform} x{a.cpu_devices}), "
+    f"torch {torch.__version__} "
     f"({torch.get_num_threads()} threads, OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}), "
     f"transformers {transformers.__version__} (attention {hf.config._attn_implementation!r})"
   )

@@ -42,22 +42,25 @@ def test_gpu_gpt2_benchmark_smoke():
 
 
 def test_decode_vs_hf_tiny():
+  """On two CPU devices: batches 1 and 3 run on the first, batch 4 is split over both."""
   out = _run_benchmark(
     "decode_vs_hf.py", "--vocab", "128", "--layers", "2", "--d-model", "32", "--heads", "4",
     "--max-len", "64", "--prompt-len", "8", "--new-tokens", "8", "--batch-sizes", "1", "3",
-    "--rounds", "1",
+    "4", "--rounds", "1", "--cpu-devices", "2",
   )  # fmt: skip
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   lines = out.stdout.splitlines()
   rows = [line.strip("|").split("|") for line in lines if line.startswith(("| greedy", "| top-k"))]
   assert [(r[0].strip(), r[1].strip()) for r in rows] == [
-    ("greedy", "1"), ("greedy", "3"), ("top-k", "1"), ("top-k", "3")
+    ("greedy", "1"), ("greedy", "3"), ("greedy", "4"), ("top-k", "1"), ("top-k", "3"),
+    ("top-k", "4"),
   ], out.stdout  # fmt: skip
+  assert "(cpu x2)" in out.stdout, out.stdout
   for row in rows:
     numbers = [float(cell.replace(",", "")) for cell in row[2:]]
     assert len(numbers) == 5 and all(math.isfinite(x) and x >= 0 for x in numbers), row
     assert min(numbers[:3]) > 0, row  # tokens/s and their ratio
-  for b in (1, 3):
+  for b in (1, 3, 4):
     assert f"greedy, batch {b}: ours and HF identical ({b} x 8 tokens)" in lines, out.stdout
 
 

@@ -171,6 +171,32 @@ def test_same_shapes_compile_once():
   assert decode.lm_decode._cache_size() == size
 
 
+def test_a_batch_sharded_over_two_devices_decodes_as_on_one():
+  """Data-parallel decoding (benchmarks/decode_vs_hf.py --cpu-devices 2): the loops follow
+  the rows' sharding, each device decodes its own rows, and greedy, sampled and beam
+  results are those of one device."""
+  model, params = _lm("rope")
+  mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("data",))
+  rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("data"))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  prompts, lengths = decode.left_pad(PROMPTS)  # [2, 6], [2]
+  sampling = decode.Sampling(jax.random.key(0), temperature=2.0, top_p=0.95)
+  runs = {
+    "greedy": lambda *a: decode.lm_decode(*a, length=NEW),
+    "sample": lambda *a, s=sampling: decode.lm_decode(*a, length=NEW, sampling=s),
+    "beam": lambda *a: decode.lm_beam_search(*a, length=NEW, beam_size=2, alpha=0.6),
+  }
+  for name, run in runs.items():
+    one = run(model, params, prompts, lengths)
+    split = run(
+      model, jax.device_put(params, replicated), *jax.device_put((prompts, lengths), rows)
+    )
+    assert split.tokens.sharding.is_equivalent_to(rows, 2), (name, split.tokens.sharding)
+    np.testing.assert_array_equal(split.tokens, one.tokens, err_msg=name)
+    np.testing.assert_array_equal(split.lengths, one.lengths, err_msg=name)
+    np.testing.assert_allclose(split.scores, one.scores, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 # ----------------------------------------------------------------------------------------
 # Beam search.
 

@@ -16,6 +16,9 @@ other option is traced, so changing it does not recompile):
   lm_beam_search / seq2seq_beam_search; `left_pad` prepares prompts for the lm_ loops,
   `init_cache` builds the zeroed cache of a model for B rows (and S source positions),
   `cache_lengths` the cache lengths a loop goes through as the cache fills.
+  The loops follow their inputs' sharding: prompts sharded by row over a mesh (parameters
+  replicated) decode data-parallel, each device its own rows (docs/PERFORMANCE.md,
+  "Batched decoding on two CPU devices").
 
 Token selection, usable alone on logits [..., V]: top_k_filter, top_p_filter, sample,
 argmax.
