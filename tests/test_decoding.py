@@ -433,6 +433,31 @@ def test_sampler_draws_from_temperature_then_top_k_then_top_p():
   np.testing.assert_allclose(freq, want, atol=0.015)
 
 
+def test_top_k_alone_draws_among_its_candidates_from_the_filtered_distribution():
+  """V = 300, past both fast widths: k = 5 draws among lax.top_k's 64 candidates, k = 100
+  among 256; k = 3 with 70 logits tied at the 3rd largest (more than 64) draws over all V.
+  Each against the float64 softmax of the kept logits, ties included."""
+  rng = np.random.default_rng(0)
+  spread = np.sort(rng.normal(0.0, 1.0, 300).astype(np.float32))[::-1]
+  spread[:5] += 3.0  # a head the draws are spread over
+  tied = np.concatenate([[3.0, 2.5], np.full(70, 1.0), rng.normal(-2.0, 0.5, 228)])
+  tied = tied.astype(np.float32)
+  draw = jax.jit(decode.sample)
+  n = 20_000
+  for logits, top_k, temperature in ((spread, 5, 0.8), (spread, 100, 1.5), (tied, 3, 1.0)):
+    z = logits.astype(np.float64) / temperature
+    kept = z >= np.sort(z)[::-1][top_k - 1]
+    want = np.where(kept, np.exp(z - z.max()), 0.0)
+    want /= want.sum()
+    rows = jnp.tile(logits, (n, 1))
+    samples = np.asarray(draw(rows, jax.random.key(top_k), temperature, top_k, 1.0))
+    freq = np.bincount(samples, minlength=logits.size) / n
+    assert (freq[~kept] == 0).all(), (top_k, np.flatnonzero(freq[~kept]))
+    np.testing.assert_allclose(freq, want, atol=0.015, err_msg=f"top_k={top_k}")
+    if top_k == 3:  # the 70 tied logits share their mass evenly: every one is drawn
+      assert (freq[2:72] > 0).all(), freq[2:72]
+
+
 # ----------------------------------------------------------------------------------------
 # Bad input: ValueError before anything is compiled.
 

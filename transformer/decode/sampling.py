@@ -79,8 +79,7 @@ def top_k_filter(logits: jax.Array, k: int | jax.Array) -> jax.Array:
   v = logits.shape[-1]
   k = jnp.asarray(k, jnp.int32)
   k = jnp.where((k <= 0) | (k > v), v, k)
-  ordered = -jnp.sort(-logits, axis=-1)  # [..., V] descending
-  kth = jnp.take_along_axis(ordered, jnp.broadcast_to(k - 1, logits.shape[:-1])[..., None], -1)
+  kth = _kth(-jnp.sort(-logits, axis=-1), k)  # of the logits in descending order
   return jnp.where(logits >= kth, logits, -jnp.inf)
 
 
@@ -114,8 +113,55 @@ def sample(
   top_k: int | jax.Array,
   top_p: float | jax.Array,
 ) -> jax.Array:
-  """One token id per row, logits [B, V] -> [B]: temperature (> 0), then top-k, then top-p."""
-  return jax.random.categorical(rng, filter_logits(logits / temperature, top_k, top_p), axis=-1)
+  """One token id per row, logits [B, V] -> [B]: temperature (> 0), then top-k, then top-p.
+
+  A draw from `filter_logits(logits / temperature, top_k, top_p)`. Top-k alone, with every
+  k <= a width of FAST_TOP_K_WIDTHS, draws among that width's `lax.top_k` candidates
+  instead of over all V logits: the same distribution (the same logits are kept), not the
+  same draws, and no [B, V] of random bits: a [64, 4096] draw with k = 50 took 2.0 ms
+  instead of 5.8-7.1 ms on a 2-core AVX2 EPYC. Where more logits tie with a row's k-th
+  largest than the width holds, the draw is over all V.
+  """
+  x = logits / temperature
+  k, widths, branch = _plan(x.shape[-1], top_k, top_p)
+
+  def over_all(y):
+    return jax.random.categorical(rng, filter_logits(y, top_k, top_p), axis=-1)
+
+  def among(width):
+    def f(y):
+      values, ids = jax.lax.top_k(y, width)  # [B, width] descending
+      kth = _kth(values, k)  # [B, 1]
+
+      def from_candidates(_):
+        pick = jax.random.categorical(rng, jnp.where(values >= kth, values, -jnp.inf), axis=-1)
+        return jnp.take_along_axis(ids, pick[..., None], -1)[..., 0]
+
+      fits = jnp.all(jnp.sum(y >= kth, axis=-1) <= width)  # no kept logit past the width
+      return jax.lax.cond(fits, from_candidates, lambda _: over_all(y), None)
+
+    return f
+
+  return jax.lax.switch(branch, [over_all, *map(among, widths), over_all], x)
+
+
+def _plan(v: int, top_k: int | jax.Array, top_p: float | jax.Array):
+  """(k with 0 and > V as V, the fast widths below V, the branch): 0 both filters off,
+  n top-k alone within widths[n - 1], len(widths) + 1 a sort."""
+  k = jnp.asarray(top_k, jnp.int32)
+  k = jnp.where((k <= 0) | (k > v), v, k)
+  widths = [w for w in FAST_TOP_K_WIDTHS if w < v]
+  branch = len(widths) + 1  # sort
+  for n, w in reversed(list(enumerate(widths, 1))):
+    branch = jnp.where(jnp.all(k <= w), n, branch)
+  sort = jnp.any(jnp.asarray(top_p) < 1.0)
+  branch = jnp.where(sort, len(widths) + 1, jnp.where(jnp.any(k < v), branch, 0))
+  return k, widths, branch
+
+
+def _kth(ordered: jax.Array, k: jax.Array) -> jax.Array:
+  """[..., 1] the k-th largest logit of each row, given its logits in descending order."""
+  return jnp.take_along_axis(ordered, jnp.broadcast_to(k - 1, ordered.shape[:-1])[..., None], -1)
 
 
 def filter_logits(logits: jax.Array, top_k: int | jax.Array, top_p: float | jax.Array):
@@ -123,32 +169,21 @@ def filter_logits(logits: jax.Array, top_k: int | jax.Array, top_p: float | jax.
   vocabulary only where it must, and then once: both off returns the logits; top-k alone
   with every k <= a width of FAST_TOP_K_WIDTHS reads its threshold from `lax.top_k`.
   Only the taken branch runs."""
-  v = logits.shape[-1]
-  k = jnp.asarray(top_k, jnp.int32)
-  k = jnp.where((k <= 0) | (k > v), v, k)
-  p = jnp.asarray(top_p)
-  widths = [w for w in FAST_TOP_K_WIDTHS if w < v]
-
-  def kth_of(ordered):  # [..., 1] the k-th largest logit of each row
-    return jnp.take_along_axis(ordered, jnp.broadcast_to(k - 1, ordered.shape[:-1])[..., None], -1)
+  k, widths, branch = _plan(logits.shape[-1], top_k, top_p)
 
   def k_only(width):
     def f(x):
-      kth = kth_of(jax.lax.top_k(x, width)[0])  # [..., width] descending
+      kth = _kth(jax.lax.top_k(x, width)[0], k)  # [..., width] descending
       return jnp.where(x >= kth, x, -jnp.inf)
 
     return f
 
   def sort_once(x):
     ordered = -jnp.sort(-x, axis=-1)  # [..., V] descending
-    kth = kth_of(ordered)
-    kept = lambda y: jnp.where(y >= kth, y, -jnp.inf)
-    return _top_p_of_sorted(kept(x), kept(ordered), p)  # kept(ordered) = sort of kept(x)
+    kth = _kth(ordered, k)
+    kept = lambda y: jnp.where(y >= kth, y, -jnp.inf)  # kept(ordered) = sort of kept(x)
+    return _top_p_of_sorted(kept(x), kept(ordered), jnp.asarray(top_p))
 
-  branch = len(widths) + 1  # sort
-  for n, w in reversed(list(enumerate(widths, 1))):
-    branch = jnp.where(jnp.all(k <= w), n, branch)
-  branch = jnp.where(jnp.any(p < 1.0), len(widths) + 1, jnp.where(jnp.any(k < v), branch, 0))
   return jax.lax.switch(branch, [lambda x: x, *map(k_only, widths), sort_once], logits)
 
 
