@@ -231,8 +231,8 @@ def _running(pid: int) -> bool:
     os.kill(pid, 0)  # no signal: only whether the process exists
   except ProcessLookupError:
     return False
-  except PermissionError:  # another user's
-    return True
+  except PermissionError:  # another user's process
+    pass
   return True
 
 

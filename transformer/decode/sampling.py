@@ -76,9 +76,7 @@ def top_k_filter(logits: jax.Array, k: int | jax.Array) -> jax.Array:
   k: a scalar or one per row [...]; k <= 0 or k >= V keeps everything. Ties: every logit
   equal to the k-th largest is kept, so more than k may survive. k may be traced.
   """
-  v = logits.shape[-1]
-  k = jnp.asarray(k, jnp.int32)
-  k = jnp.where((k <= 0) | (k > v), v, k)
+  k = _k_or_all(k, logits.shape[-1])
   kth = _kth(-jnp.sort(-logits, axis=-1), k)  # of the logits in descending order
   return jnp.where(logits >= kth, logits, -jnp.inf)
 
@@ -125,7 +123,7 @@ def sample(
   x = logits / temperature
   k, widths, branch = _plan(x.shape[-1], top_k, top_p)
 
-  def over_all(y):
+  def over_all(y):  # filter_logits takes the same branch
     return jax.random.categorical(rng, filter_logits(y, top_k, top_p), axis=-1)
 
   def among(width):
@@ -148,8 +146,7 @@ def sample(
 def _plan(v: int, top_k: int | jax.Array, top_p: float | jax.Array):
   """(k with 0 and > V as V, the fast widths below V, the branch): 0 both filters off,
   n top-k alone within widths[n - 1], len(widths) + 1 a sort."""
-  k = jnp.asarray(top_k, jnp.int32)
-  k = jnp.where((k <= 0) | (k > v), v, k)
+  k = _k_or_all(top_k, v)
   widths = [w for w in FAST_TOP_K_WIDTHS if w < v]
   branch = len(widths) + 1  # sort
   for n, w in reversed(list(enumerate(widths, 1))):
@@ -157,6 +154,12 @@ def _plan(v: int, top_k: int | jax.Array, top_p: float | jax.Array):
   sort = jnp.any(jnp.asarray(top_p) < 1.0)
   branch = jnp.where(sort, len(widths) + 1, jnp.where(jnp.any(k < v), branch, 0))
   return k, widths, branch
+
+
+def _k_or_all(k: int | jax.Array, v: int) -> jax.Array:
+  """int32 k, with k <= 0 or k > V (keep everything) as V."""
+  k = jnp.asarray(k, jnp.int32)
+  return jnp.where((k <= 0) | (k > v), v, k)
 
 
 def _kth(ordered: jax.Array, k: jax.Array) -> jax.Array:
