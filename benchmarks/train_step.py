@@ -207,8 +207,7 @@ class OursStep:
     step_cfg = StepConfig(
       model=model,
       tx=tx,
-      task=w.task,
-      label_smoothing=LABEL_SMOOTHING,
+      task=dataclasses.replace(w.task, label_smoothing=LABEL_SMOOTHING),
     )
     self.runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
     rng = np.random.default_rng(seed)

@@ -19,7 +19,7 @@ from transformer import tasks
 from transformer.nn import context, partitioning
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
-from transformer.train import losses
+from transformer.tasks import losses
 from transformer.train.parallel import StepRunner
 from transformer.train.step import StepConfig, create_train_state
 

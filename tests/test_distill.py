@@ -79,7 +79,7 @@ def test_the_loss_is_the_mixed_soft_kl_and_cross_entropy_of_a_numpy_reference(
   kl = float(((np.exp(t) * (t - q)).sum(-1) * w).sum() / w.sum())
   assert float(metrics["distill_kl"]) == pytest.approx(kl, rel=2e-5)
   sums = jax.device_get(jax.jit(partial(eval_step, cfg=s.runner.cfg))(params, batch))
-  assert sums["loss_sum"] == pytest.approx(sums["nll_sum"], rel=1e-6)  # no label smoothing
+  assert sums["loss"] == pytest.approx(sums["nll"], rel=1e-6)  # no label smoothing
 
 
 def test_the_teacher_is_frozen_checkpointed_and_has_no_optimizer_state(teacher_dir, tmp_path):

@@ -41,8 +41,8 @@ from transformer.data import DataContext, features, pipeline, sources
 from transformer.data.config import DataConfig
 from transformer.data.tokenizers import CLS_ID, CharTokenizer
 from transformer.nn import tree
-from transformer.tasks import classification
-from transformer.train import experiment, losses, setup
+from transformer.tasks import classification, losses
+from transformer.train import experiment, setup
 from transformer.train import loop as train_lib
 
 pytestmark = pytest.mark.one_worker  # the tiny HF folders are made once (conftest.py)

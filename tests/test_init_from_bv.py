@@ -25,7 +25,8 @@ from test_recipes import tiny
 from transformer import convert
 from transformer.eval.evaluate import evaluate
 from transformer.nn import tree
-from transformer.train import experiment, finetune, losses, setup
+from transformer.tasks import losses
+from transformer.train import experiment, finetune, setup
 from transformer.train import loop as train_lib
 from transformer.train import pretrained as pretrained_lib
 

@@ -26,7 +26,8 @@ from transformer import convert
 from transformer.convert import tokenizers as pretrained
 from transformer.eval.evaluate import evaluate
 from transformer.evaluators import EvalOptions
-from transformer.train import experiment, losses, setup
+from transformer.tasks import losses
+from transformer.train import experiment, setup
 from transformer.train import loop as train_lib
 from transformer.train import pretrained as pretrained_lib
 

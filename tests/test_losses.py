@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer.train import losses
+from transformer.tasks import losses
 
 
 def _random_batch(seed=0, b=3, t=7, v=11, scale=3.0):

@@ -88,7 +88,7 @@ def _setup(family: str, mesh_shape: dict, kind: str):
   devices = jax.devices()[:1] if mesh_shape == SINGLE else None
   mesh = partitioning.make_mesh(mesh_shape, devices)
   runner = StepRunner(
-    StepConfig(model=model, tx=tx, task=tasks.get(kind)(), label_smoothing=0.1), "jit", mesh
+    StepConfig(model=model, tx=tx, task=tasks.get(kind)(label_smoothing=0.1)), "jit", mesh
   )
   args, kwargs = tasks.get(kind)().init_args(jax.tree.map(lambda x: x[:1], _batches(kind, 1)[0]))
   params = jax.jit(lambda r: model.init(r, *args, **kwargs))(jax.random.PRNGKey(0))["params"]

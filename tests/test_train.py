@@ -65,7 +65,7 @@ def _runner(parallelism, devices=None, accum=1, clip=1.0, lr=3e-3):
   model = build_model(cfg)
   tx = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, b2=0.98, eps=1e-9))
   step_cfg = StepConfig(
-    model=model, tx=tx, task=tasks.get("lm")(), label_smoothing=0.1, grad_accum_steps=accum
+    model=model, tx=tx, task=tasks.get("lm")(label_smoothing=0.1), grad_accum_steps=accum
   )
   mesh = make_mesh(devices) if devices is not None else None
   runner = StepRunner(step_cfg, parallelism, mesh)
@@ -133,8 +133,7 @@ def _mlm_runner(max_predictions):
   step_cfg = StepConfig(
     model=model,
     tx=tx,
-    task=tasks.get("mlm")(max_predictions=max_predictions),
-    label_smoothing=0.1,
+    task=tasks.get("mlm")(max_predictions=max_predictions, label_smoothing=0.1),
   )
   runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
@@ -154,9 +153,13 @@ def test_mlm_logits_at_scored_positions_only_give_the_same_updates():
     runner, state, model = _mlm_runner(max_predictions)
     params = jax.device_get(state.params)  # the step donates the state
     loss_sum = functools.partial(
-      train_step_lib._sums, runner.cfg, frozen=None, rng=jax.random.PRNGKey(7), deterministic=False
+      train_step_lib._objective,
+      runner.cfg,
+      frozen=None,
+      rng=jax.random.PRNGKey(7),
+      deterministic=False,
     )
-    grad = jax.jit(jax.grad(lambda p, b, f=loss_sum: f(p, batch=b)[0]))
+    grad = jax.jit(jax.grad(lambda p, b, f=loss_sum: f(p, batch=b)["loss"]))
     grads[max_predictions] = grad(params, batches[0])
     state = runner.place_state(state)
     metrics[max_predictions] = []

@@ -315,14 +315,25 @@ def prepare(
 ) -> tfds.core.DatasetBuilder:
   """Builds (once) and returns the dataset; later calls with the same config reuse it."""
   _check_fractions(config.validation_fraction, config.test_fraction)
+  try:
+    builder = _builder(builder_cls, config, data_dir)
+    builder.download_and_prepare()
+  except FileExistsError:
+    # Another process prepared the same dataset (same files and settings) while this one
+    # did, and renamed its copy into place first: read that one.
+    builder = _builder(builder_cls, config, data_dir)
+  return builder
+
+
+def _builder(
+  builder_cls: type[LocalBuilder], config: LocalConfig, data_dir: str | os.PathLike | None
+) -> tfds.core.DatasetBuilder:
   notice, absl_logger = _DropCustomConfigNotice(), logging.getLogger("absl")  # TFDS logs there
   absl_logger.addFilter(notice)
   try:
-    builder = builder_cls(config=config, data_dir=data_dir, file_format="array_record")
+    return builder_cls(config=config, data_dir=data_dir, file_format="array_record")
   finally:
     absl_logger.removeFilter(notice)
-  builder.download_and_prepare()
-  return builder
 
 
 def prepare_named(

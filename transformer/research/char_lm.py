@@ -30,7 +30,8 @@ from transformer.data.config import shipped_root
 from transformer.data.tokenizers import CharTokenizer
 from transformer.nn.config import ModelConfig
 from transformer.nn.models.decoder import DecoderLM
-from transformer.train import losses, optimizer, schedules
+from transformer.tasks import losses
+from transformer.train import optimizer, schedules
 
 DATA = shipped_root() / "data" / "tinyshakespeare.txt.gz"  # the checkout's or the installed one
 

@@ -2,7 +2,8 @@
 
 A task owns everything that depends on it: the model families that can run it, its batch
 keys and shapes and the pipeline that builds them (`data_spec`), how a batch feeds the
-model (`forward` -> logits, targets, weights), its objective, the inputs `model.init`
+model (`forward` -> logits, targets, weights), its objective (`loss` -> loss sum,
+normalizer, metric sums; by default the cross-entropy of `forward`), the inputs `model.init`
 needs, how tokens are counted for throughput, and the masks and labels attention analysis
 reads. What a run measures beyond the loss belongs to the evaluators
 (`transformer/evaluators`); a task names only its defaults (`evaluators`). Training,
@@ -29,8 +30,11 @@ from transformer.data.datasets import DataInfo
 from transformer.data.spec import DataSpec
 from transformer.nn import models, moe
 from transformer.nn.config import ModelConfig
+from transformer.tasks import losses
 
 Batch = Mapping[str, jax.Array]
+# What `Task.loss` returns: (loss_sum, normalizer, metric name -> sum), float32 scalars.
+Loss = tuple[jax.Array, jax.Array, dict[str, jax.Array]]
 # name -> (valid queries [B, T] bool, valid keys [B, S] bool), or (None, None) for all valid
 MaskFn = Callable[[str], tuple[np.ndarray | None, np.ndarray | None]]
 
@@ -80,7 +84,8 @@ class Run:
 class Task(abc.ABC):
   """A training objective. Subclasses are frozen dataclasses (hashable: the step is
   compiled with the task as a static argument); they define `data_spec`, `forward` and
-  `init_args`, and override the rest where the task differs."""
+  `init_args`, and override the rest where the task differs: an objective other than the
+  cross-entropy overrides `loss`."""
 
   name: ClassVar[str] = ""
   families: ClassVar[tuple[str, ...]] = ()  # model families that can run this task
@@ -89,6 +94,11 @@ class Task(abc.ABC):
   images: ClassVar[bool] = False  # batches hold images (no tokenizer)
   prompts: ClassVar[bool] = False  # its model continues text (the 'sample' evaluator)
   evaluators: ClassVar[tuple[str, ...]] = ()  # run when the config names none (evaluators/)
+
+  # The default (cross-entropy) loss's settings; keyword-only, so that subclasses' own
+  # fields keep their positions.
+  label_smoothing: float = dataclasses.field(default=0.0, kw_only=True)  # PyTorch's epsilon
+  z_loss: float = dataclasses.field(default=0.0, kw_only=True)  # logsumexp(logits)^2 weight
 
   @classmethod
   def create(cls, data: DataConfig, seq_len: int) -> Task:
@@ -150,12 +160,43 @@ class Task(abc.ABC):
   ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """The summed loss to differentiate, from the summed cross-entropy of the weighted
     positions and `forward_with_aux`'s auxiliary means; and the auxiliary sums to log
-    (each logged as its mean, name without `_sum`). Default: the cross-entropy plus the
-    auxiliary 'loss' (the MoE terms), each mean weighted by the pass's `weight_sum`."""
+    (name -> sum, each logged as its mean). Default: the cross-entropy plus the auxiliary
+    'loss' (the MoE terms), each mean weighted by the pass's `weight_sum`."""
     sums = {k: v * weight_sum for k, v in aux.items()}
     if "loss" in sums:
       loss_sum = loss_sum + sums.pop("loss")
-    return loss_sum, {f"{k}_sum": v for k, v in sums.items()}
+    return loss_sum, sums
+
+  def loss(
+    self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict
+  ) -> Loss:
+    """(loss_sum, normalizer, metric sums) of one (micro-)batch, float32 scalars: the loss
+    summed over what the task averages over (tokens, pairs, sequences, images), that
+    count, and the sums behind its logged metrics (name -> sum). The step sums all three
+    over micro-batches, devices and hosts, differentiates the loss sum, divides the
+    gradients by the global normalizer and logs each metric as sum / normalizer (and a
+    `nll` also as its `perplexity`). `variables` holds 'params', and 'frozen' in training
+    steps only (evaluation scores the model alone).
+
+    Default: the cross-entropy of `forward_with_aux` with this task's label smoothing and
+    z-loss, plus `objective`'s auxiliary terms, over the weighted positions; its metrics
+    are `accuracy`, `nll`, `normalized_loss` (0 for a model matching the smoothed
+    targets) and the auxiliary means."""
+    logits, targets, weights, aux = self.forward_with_aux(
+      model, variables, batch, deterministic, rngs
+    )
+    ce_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
+      logits, targets, weights, self.label_smoothing, self.z_loss
+    )
+    correct, _ = losses.accuracy_sum(logits, targets, weights)
+    loss_sum, aux_sums = self.objective(ce_sum, weight_sum, aux)
+    metrics = {
+      "accuracy": correct,
+      "nll": extra["nll_sum"],
+      "normalized_loss": loss_sum - extra["normalizing_offset"] * weight_sum,
+      **aux_sums,  # e.g. moe_balance_loss, moe_router_z_loss
+    }
+    return loss_sum, weight_sum, metrics
 
   def frozen(self, model: ModelConfig, load: LoadFn) -> tuple[Task, Any]:
     """(this task, variables it reads but never trains, e.g. a distillation teacher's

@@ -122,4 +122,4 @@ class Distillation(LanguageModeling):
     mixed = (1.0 - self.alpha) * loss_sum + self.alpha * self.temperature**2 * kl_sum
     rest = {k: v for k, v in aux.items() if k != KL}
     mixed, sums = super().objective(mixed, weight_sum, rest)  # a MoE student's terms
-    return mixed, {**sums, f"{KL}_sum": kl_sum}
+    return mixed, {**sums, KL: kl_sum}

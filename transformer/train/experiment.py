@@ -305,6 +305,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
     )
   data = convert(DataConfig, data_fields, "data.")
   task = tasks.get(data.kind).create(data, loop.seq_len)
+  # The loss settings travel with the task (its default cross-entropy reads them).
+  task = dataclasses.replace(task, label_smoothing=loop.label_smoothing, z_loss=loop.z_loss)
   vocab_from_data = model_fields.get("vocab_size") == 0
   if vocab_from_data:
     model_fields["vocab_size"] = 1  # validated with a stand-in; `finalize_model` fills it

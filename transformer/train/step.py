@@ -2,11 +2,14 @@
 
 `train_step(state, batch, *, static) -> (state, metrics)` is a module-level pure function,
 compiled once by `jax.jit` (mesh shardings; the global batch is one array) or `jax.pmap`
-(`axis_name`: gradients and sums are psum-ed). The loss is the label-smoothed
-cross-entropy summed over all weighted tokens of the global batch, divided by their
-count, so jit, pmap, one device and gradient accumulation all optimise the same number.
-A mixture-of-experts model adds its weighted balance and router z-losses (means over the
-forward pass's tokens, `Task.forward_with_aux`) times that pass's token count to the sum.
+(`axis_name`: gradients and sums are psum-ed). The objective is the task's (`Task.loss`):
+a loss sum, a normalizer (what the task averages over: tokens, pairs, sequences, images)
+and metric sums. The step differentiates the loss sum of every micro-batch, sums all
+three over micro-batches and devices, and divides by the global normalizer, so jit, pmap,
+one device and gradient accumulation all optimise the same number. It logs the loss and
+each metric sum over the normalizer, the normalizer itself, and the norms and learning
+rate. (The default `Task.loss` is the label-smoothed cross-entropy over the weighted
+tokens; a mixture-of-experts model adds its balance and router z-losses to it.)
 
 With `StepConfig.ema_decay` = d > 0 the state also carries `ema_params`, an exponential
 moving average of the parameters updated after every applied update:
@@ -33,7 +36,6 @@ from jax import lax
 from transformer.nn import partitioning
 from transformer.tasks import Task
 from transformer.tasks.base import Batch
-from transformer.train import losses
 
 
 @flax.struct.dataclass
@@ -61,8 +63,6 @@ class StepConfig:
   model: nn.Module
   tx: optax.GradientTransformation
   task: Task  # how a batch feeds the model (transformer/tasks)
-  label_smoothing: float = 0.0
-  z_loss: float = 0.0
   grad_accum_steps: int = 1
   axis_name: str | None = None  # set for pmap
   schedule: Any = None  # count -> learning rate, for logging
@@ -118,35 +118,26 @@ def _update_ema(cfg: StepConfig, state: TrainState, params: Any) -> Any:
   return jax.tree.map(lambda e, p: d * e + (1.0 - d) * p, state.ema_params, params)
 
 
-BASE_SUMS = ("loss_sum", "weight_sum", "nll_sum", "correct_sum")  # the rest: auxiliary means
-
-
-def _sums(cfg: StepConfig, params, frozen, batch: Batch, rng, deterministic: bool):
-  """Summed loss of one (micro-)batch and the sums behind the metrics. `frozen`: the
-  task's untrained variables (training steps only; evaluation scores the model alone)."""
+def _objective(cfg: StepConfig, params, frozen, batch: Batch, rng, deterministic: bool) -> dict:
+  """The task's sums of one (micro-)batch: {'loss', 'normalizer', its metric sums}.
+  `frozen`: the task's untrained variables (training steps only; evaluation scores the
+  model alone)."""
   rngs = {"dropout": rng} if rng is not None else {}
   variables = {"params": params} if frozen is None else {"params": params, "frozen": frozen}
   # On a mesh, the model pins its activations to it by their logical axes as it traces.
   layout = partitioning.activation_layout(*cfg.layout) if cfg.layout else contextlib.nullcontext()
   with layout:
-    logits, targets, weights, aux = cfg.task.forward_with_aux(
-      cfg.model, variables, batch, deterministic, rngs
-    )
-  ce_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
-    logits, targets, weights, cfg.label_smoothing, cfg.z_loss
-  )
-  correct, _ = losses.accuracy_sum(logits, targets, weights)
-  # Auxiliary terms are means over this forward pass: weighted by its tokens, they enter
-  # the global sum like the cross-entropy (`Task.objective`; the MoE terms by default).
-  loss_sum, aux_sums = cfg.task.objective(ce_sum, weight_sum, aux)
-  sums = {
-    "loss_sum": loss_sum,
-    "weight_sum": weight_sum,
-    "nll_sum": extra["nll_sum"],
-    "correct_sum": correct,
-    **aux_sums,  # e.g. moe_balance_loss_sum, moe_router_z_loss_sum
-  }
-  return loss_sum, (sums, extra["normalizing_offset"])
+    loss_sum, normalizer, metrics = cfg.task.loss(cfg.model, variables, batch, deterministic, rngs)
+  return {"loss": loss_sum, "normalizer": normalizer, **metrics}
+
+
+def _means(sums: dict, denom: Any, exp: Any) -> dict:
+  """The logged means of global sums: the loss and each metric sum over `denom` (the
+  normalizer), and `perplexity` = exp of the `nll` mean where the task returns one."""
+  means = {k: v / denom for k, v in sums.items() if k != "normalizer"}
+  if "nll" in means:
+    means["perplexity"] = exp(means["nll"])
+  return means
 
 
 def _global_norm(tree) -> jax.Array:
@@ -169,10 +160,14 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   if cfg.axis_name is not None:  # each device draws its own dropout masks
     rng = jax.random.fold_in(rng, lax.axis_index(cfg.axis_name))
-  grad_fn = jax.grad(lambda p, b, r: _sums(cfg, p, state.frozen, b, r, False), has_aux=True)
 
+  def loss_fn(params, b, r):
+    sums = _objective(cfg, params, state.frozen, b, r, False)
+    return sums["loss"], sums
+
+  grad_fn = jax.grad(loss_fn, has_aux=True)
   if cfg.grad_accum_steps == 1:
-    grads, (sums, offset) = grad_fn(state.params, batch, rng)
+    grads, sums = grad_fn(state.params, batch, rng)
   else:
     k = cfg.grad_accum_steps
     micro = jax.tree.map(lambda x: x.reshape(k, x.shape[0] // k, *x.shape[1:]), batch)
@@ -186,33 +181,28 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
       jnp.zeros_like,
       jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), rng),
     )
-    (grads, (sums, offset)), _ = lax.scan(accumulate, zeros, (jnp.arange(k), micro))
-    offset = offset / k
+    (grads, sums), _ = lax.scan(accumulate, zeros, (jnp.arange(k), micro))
 
   if cfg.axis_name is not None:
     grads, sums = lax.psum((grads, sums), cfg.axis_name)
-  denom = jnp.maximum(sums["weight_sum"], 1.0)
+  denom = jnp.maximum(sums["normalizer"], 1.0)
   grads = jax.tree.map(lambda g: g / denom, grads)
   updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
 
   grad_norm = _global_norm(grads)
   update_norm = _global_norm(updates)
-  loss = sums["loss_sum"] / denom
+  loss = sums["loss"] / denom
   inputs_finite = _inputs_finite(batch, cfg.axis_name)
   finite = inputs_finite & jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.isfinite(update_norm)
   metrics = {
-    "loss": loss,
-    "normalized_loss": loss - offset,  # 0 for a model matching the smoothed targets
-    "accuracy": sums["correct_sum"] / denom,
-    "perplexity": jnp.exp(sums["nll_sum"] / denom),
-    "tokens": sums["weight_sum"],
+    **_means(sums, denom, jnp.exp),  # loss, the task's metrics
+    "normalizer": sums["normalizer"],
     "grad_norm": grad_norm,
     "param_norm": _global_norm(state.params),
     "update_norm": update_norm,
     "learning_rate": cfg.schedule(state.step) if cfg.schedule is not None else jnp.nan,
     "nonfinite_inputs": (~inputs_finite).astype(jnp.float32),  # 1: a NaN/Inf in the batch
-    **{k.removesuffix("_sum"): v / denom for k, v in sums.items() if k not in BASE_SUMS},
   }
   new_state = state.replace(
     step=state.step + 1,
@@ -234,22 +224,15 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
 
 
 def eval_step(params: Any, batch: Batch, *, cfg: StepConfig) -> dict[str, jax.Array]:
-  """Summed metrics of one evaluation batch (weights 0 on padded rows/tokens)."""
-  _, (sums, _) = _sums(cfg, params, None, batch, None, True)
+  """The task's sums of one evaluation batch ({'loss', 'normalizer', its metric sums};
+  weights 0 on padded rows/tokens), scored with `deterministic=True`."""
+  sums = _objective(cfg, params, None, batch, None, True)
   if cfg.axis_name is not None:
     sums = lax.psum(sums, cfg.axis_name)
   return sums
 
 
 def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
-  """Means from the summed evaluation metrics."""
-  w = max(sums["weight_sum"], 1.0)
-  nll = sums["nll_sum"] / w
-  return {
-    "loss": sums["loss_sum"] / w,
-    "accuracy": sums["correct_sum"] / w,
-    "perplexity": math.exp(min(nll, 700.0)),
-    "nll": nll,
-    "tokens": sums["weight_sum"],
-    **{k.removesuffix("_sum"): v / w for k, v in sums.items() if k not in BASE_SUMS},
-  }
+  """Means from the evaluation sums summed over batches (floats), and the normalizer."""
+  means = _means(sums, max(sums["normalizer"], 1.0), lambda x: math.exp(min(x, 700.0)))
+  return {**means, "normalizer": sums["normalizer"]}

@@ -63,7 +63,7 @@ def describe(metrics: dict) -> str:
   """Which of an update's inputs, loss, gradients and update were NaN/Inf."""
   m = {k: float(v) for k, v in jax.device_get(metrics).items()}
   parts = []
-  if m.get("nonfinite_inputs", 0.0) or not np.isfinite(m.get("tokens", 0.0)):
+  if m.get("nonfinite_inputs", 0.0) or not np.isfinite(m.get("normalizer", 0.0)):
     parts.append("inputs (a NaN/Inf in the batch)")
   if not np.isfinite(m["loss"]):
     parts.append(f"loss ({m['loss']})")
