@@ -97,14 +97,10 @@ def _loss_and_grads(case: str, strategy: str, mesh_shape: dict | None):
 
   def loss(params, batch):
     if mesh is None:
-      logits, targets, weights, _ = task.forward_with_aux(
-        model, {"params": params}, batch, True, {}
-      )
+      logits, targets, weights = task.apply(model, {"params": params}, batch, True)
     else:
       with partitioning.activation_layout(mesh):
-        logits, targets, weights, _ = task.forward_with_aux(
-          model, {"params": params}, batch, True, {}
-        )
+        logits, targets, weights = task.apply(model, {"params": params}, batch, True)
     ce, count, _ = losses.cross_entropy_with_label_smoothing(logits, targets, weights, 0.0, 0.0)
     return ce / count
 
@@ -159,7 +155,7 @@ def _compiled(strategy: str, mesh_shape: dict | None, seq: int = T, devices=None
 
   def loss(params, batch):
     with partitioning.activation_layout(mesh) if mesh else _nothing():
-      logits, targets, weights, _ = task.forward_with_aux(model, params, batch, True, {})
+      logits, targets, weights = task.apply(model, params, batch, True)
     return losses.cross_entropy_with_label_smoothing(logits, targets, weights, 0.0, 0.0)[0]
 
   if mesh is None:

@@ -29,20 +29,15 @@ class _Poisoned(LanguageModeling):
   name = "lm_poisoned"
   where: ClassVar[str] = "loss"
 
-  def forward_with_aux(self, model, variables, batch, deterministic, rngs):
+  def loss(self, model, batch, deterministic, frozen):
     batch = dict(batch)
     poison = batch.pop("poison", None)  # evaluation batches have none
-    out = super().forward_with_aux(model, variables, batch, deterministic, rngs)
-    return out if poison is None else (*out[:3], {**out[3], "poison": jnp.max(poison)})
-
-  def objective(self, loss_sum, weight_sum, aux):
-    aux = dict(aux)
-    poison = aux.pop("poison", None)
+    loss_sum, normalizer, metrics = super().loss(model, batch, deterministic, frozen)
     if poison is not None and self.where == "loss":
-      loss_sum = loss_sum + jnp.where(poison > 0, jnp.nan, 0.0)
+      loss_sum = loss_sum + jnp.where(jnp.max(poison) > 0, jnp.nan, 0.0)
     elif poison is not None:
-      loss_sum = _nan_gradient(loss_sum, poison)
-    return super().objective(loss_sum, weight_sum, aux)
+      loss_sum = _nan_gradient(loss_sum, jnp.max(poison))
+    return loss_sum, normalizer, metrics
 
 
 @jax.custom_vjp

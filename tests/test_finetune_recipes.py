@@ -41,7 +41,7 @@ from transformer.data import DataContext, features, pipeline, sources
 from transformer.data.config import DataConfig
 from transformer.data.tokenizers import CLS_ID, CharTokenizer
 from transformer.nn import tree
-from transformer.tasks import classification, losses
+from transformer.tasks import classification
 from transformer.train import experiment, setup
 from transformer.train import loop as train_lib
 
@@ -118,10 +118,9 @@ def _task_loss(s, params, batch) -> float:
 
   @jax.jit
   def loss(params, batch):
-    variables = {"params": params}  # aux: the MoE router's losses, {} for a dense model
-    logits, targets, weights, aux = s.exp.task.forward_with_aux(s.model, variables, batch, True, {})
-    loss_sum, weight_sum, _ = losses.cross_entropy_with_label_smoothing(logits, targets, weights)
-    return s.exp.task.objective(loss_sum, weight_sum, aux)[0] / weight_sum
+    # The task's objective: its loss plus, for a MoE model, the router's losses.
+    loss_sum, normalizer, _ = s.exp.task.objective(s.model, {"params": params}, batch, True, {})
+    return loss_sum / normalizer
 
   return float(loss(params, batch))
 

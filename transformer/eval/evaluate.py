@@ -92,7 +92,7 @@ def restore(
     if not mgr.all_steps():
       raise FileNotFoundError(f"{ckpt_dir}: no checkpoint to evaluate")
     target = s.runner.state_target(jax.eval_shape(lambda: s.state))
-    restored = mgr.restore(target, step, optional=("ema_params",))
+    restored = mgr.restore(target, step, optional=("ema_params", "empty_count"))
   if restored is None:
     raise FileNotFoundError(f"{ckpt_dir}: no valid checkpoint to evaluate")
   if ema and restored.state.ema_params is None:

@@ -2,14 +2,15 @@
 
 A task owns everything that depends on it: the model families that can run it, its batch
 keys and shapes and the pipeline that builds them (`data_spec`), how a batch feeds the
-model (`forward` -> logits, targets, weights), its objective (`loss` -> loss sum,
-normalizer, metric sums; by default the cross-entropy of `forward`), the inputs `model.init`
-needs, how tokens are counted for throughput, and the masks and labels attention analysis
-reads. What a run measures beyond the loss belongs to the evaluators
+model and what it is scored by (`loss` -> loss sum, normalizer, metric sums; the
+cross-entropy tasks score `forward`'s logits, targets and weights with `cross_entropy`),
+the inputs `model.init` needs, how tokens are counted for throughput, and the masks and
+labels attention analysis reads. What a run measures beyond the loss belongs to the evaluators
 (`transformer/evaluators`); a task names only its defaults (`evaluators`). Training,
 evaluation and analysis code ask the task; they never branch on its name.
 
-A new task is one file defining a `Task` subclass plus one entry in `tasks/__init__.py`.
+A new task is one file defining a `Task` subclass plus one entry in `tasks/__init__.py`;
+a new objective defines `loss` (tests/test_objective.py registers a pairwise one).
 
 Letters: B batch, T length, S source length, V vocabulary, C classes.
 """
@@ -23,6 +24,7 @@ from typing import Any, ClassVar
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from transformer.data.config import IMAGE_SOURCES, DataConfig, fail
@@ -35,6 +37,11 @@ from transformer.tasks import losses
 Batch = Mapping[str, jax.Array]
 # What `Task.loss` returns: (loss_sum, normalizer, metric name -> sum), float32 scalars.
 Loss = tuple[jax.Array, jax.Array, dict[str, jax.Array]]
+# Names the step logs itself; a task's metric sums take others.
+STEP_METRICS = frozenset(
+  ("loss", "normalizer", "perplexity", "grad_norm", "param_norm", "update_norm")
+  + ("learning_rate", "nonfinite_inputs", "tokens_per_sec", "examples_per_sec", "mfu")
+)
 # name -> (valid queries [B, T] bool, valid keys [B, S] bool), or (None, None) for all valid
 MaskFn = Callable[[str], tuple[np.ndarray | None, np.ndarray | None]]
 
@@ -126,11 +133,25 @@ class Task(abc.ABC):
   # The step ------------------------------------------------------------------------------
 
   @abc.abstractmethod
+  def loss(self, model: nn.Module, batch: Batch, deterministic: bool, frozen: Any) -> Loss:
+    """(loss_sum, normalizer, metric sums) of one (micro-)batch, float32 scalars: the loss
+    summed over what the task averages over (tokens, pairs, sequences, images), that
+    count, and the sums behind its logged metrics (name -> sum). The step sums all three
+    over micro-batches, devices and hosts, differentiates the loss sum, divides the
+    gradients by the global normalizer and logs each metric as sum / normalizer (a `nll`
+    also as its `perplexity`). `model` is bound to its parameters (and the dropout rng);
+    `frozen` holds the variables of `Task.frozen` in training steps, None in evaluations
+    (which score the model alone). A cross-entropy task returns
+    `self.cross_entropy(*self.forward(model, batch, deterministic))`."""
+
   def forward(
     self, model: nn.Module, batch: Batch, deterministic: bool
   ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """(logits [B, T, V] or [B, C], targets [B, T] or [B], weights of the same shape), from
-    `model` bound to its variables (called inside `apply` / `forward_with_aux`)."""
+    `model` bound to its variables: what a cross-entropy task scores, and what `apply`
+    gives analysis and the evaluators. Tasks without such logits have none."""
+    del model, batch, deterministic
+    raise ValueError(f"task {self.name!r} has no forward pass to (logits, targets, weights)")
 
   def apply(
     self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool = True,
@@ -140,63 +161,52 @@ class Task(abc.ABC):
     run = nn.apply(lambda bound, b: self.forward(bound, b, deterministic), model)
     return run(variables, batch, rngs=rngs or {})
 
-  def forward_with_aux(
-    self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict
-  ) -> tuple[jax.Array, jax.Array, jax.Array, dict[str, jax.Array]]:
-    """`apply`, plus the model's auxiliary losses, sown into `moe.AUX_COLLECTION` and read
-    here, the one place that asks for them: the mixture-of-experts terms of
-    `moe.aux_losses` ('loss', the weighted sum to add; the logged means), {} without MoE."""
-    config = getattr(model, "config", None)
-    if config is None or not config.moe_experts:
-      return (*self.apply(model, variables, batch, deterministic, rngs), {})
-    run = nn.apply(
-      lambda bound, b: self.forward(bound, b, deterministic), model, mutable=[moe.AUX_COLLECTION]
-    )
-    (logits, targets, weights), state = run(variables, batch, rngs=rngs)
-    return logits, targets, weights, moe.aux_losses(state.get(moe.AUX_COLLECTION, {}), config)
+  def cross_entropy(self, logits: jax.Array, targets: jax.Array, weights: jax.Array) -> Loss:
+    """`losses.cross_entropy` with this task's label smoothing and z-loss: the loss of a
+    cross-entropy task, with its `accuracy`, `nll` and `normalized_loss`."""
+    return losses.cross_entropy(logits, targets, weights, self.label_smoothing, self.z_loss)
 
   def objective(
-    self, loss_sum: jax.Array, weight_sum: jax.Array, aux: dict[str, jax.Array]
-  ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """The summed loss to differentiate, from the summed cross-entropy of the weighted
-    positions and `forward_with_aux`'s auxiliary means; and the auxiliary sums to log
-    (name -> sum, each logged as its mean). Default: the cross-entropy plus the auxiliary
-    'loss' (the MoE terms), each mean weighted by the pass's `weight_sum`."""
-    sums = {k: v * weight_sum for k, v in aux.items()}
-    if "loss" in sums:
-      loss_sum = loss_sum + sums.pop("loss")
-    return loss_sum, sums
-
-  def loss(
     self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict
   ) -> Loss:
-    """(loss_sum, normalizer, metric sums) of one (micro-)batch, float32 scalars: the loss
-    summed over what the task averages over (tokens, pairs, sequences, images), that
-    count, and the sums behind its logged metrics (name -> sum). The step sums all three
-    over micro-batches, devices and hosts, differentiates the loss sum, divides the
-    gradients by the global normalizer and logs each metric as sum / normalizer (and a
-    `nll` also as its `perplexity`). `variables` holds 'params', and 'frozen' in training
-    steps only (evaluation scores the model alone).
+    """What the step optimises: `loss` with `model` bound to `variables['params']` (and
+    `variables['frozen']` passed as `frozen`), checked while the step is traced, plus the
+    model's auxiliary losses, sown into `moe.AUX_COLLECTION` and read here, the one place
+    that asks for them: a mixture-of-experts model's weighted balance and router z-losses
+    (`moe.aux_losses`, means over this pass) times the pass's normalizer, added to the
+    loss sum, and their means logged. The task never sees them."""
+    frozen = variables.get("frozen")
+    run = lambda bound, b: self.loss(bound, b, deterministic, frozen)  # noqa: E731
+    params = {"params": variables["params"]}
+    config = getattr(model, "config", None)
+    if config is None or not config.moe_experts:
+      return self._checked(*nn.apply(run, model)(params, batch, rngs=rngs))
+    out, state = nn.apply(run, model, mutable=[moe.AUX_COLLECTION])(params, batch, rngs=rngs)
+    loss_sum, normalizer, metrics = self._checked(*out)
+    aux = moe.aux_losses(state.get(moe.AUX_COLLECTION, {}), config)
+    sums = {k: v * normalizer for k, v in aux.items()}
+    if "loss" in sums:  # none when nothing was sown
+      loss_sum = loss_sum + sums.pop("loss")
+    return loss_sum, normalizer, {**metrics, **sums}
 
-    Default: the cross-entropy of `forward_with_aux` with this task's label smoothing and
-    z-loss, plus `objective`'s auxiliary terms, over the weighted positions; its metrics
-    are `accuracy`, `nll`, `normalized_loss` (0 for a model matching the smoothed
-    targets) and the auxiliary means."""
-    logits, targets, weights, aux = self.forward_with_aux(
-      model, variables, batch, deterministic, rngs
-    )
-    ce_sum, weight_sum, extra = losses.cross_entropy_with_label_smoothing(
-      logits, targets, weights, self.label_smoothing, self.z_loss
-    )
-    correct, _ = losses.accuracy_sum(logits, targets, weights)
-    loss_sum, aux_sums = self.objective(ce_sum, weight_sum, aux)
-    metrics = {
-      "accuracy": correct,
-      "nll": extra["nll_sum"],
-      "normalized_loss": loss_sum - extra["normalizing_offset"] * weight_sum,
-      **aux_sums,  # e.g. moe_balance_loss, moe_router_z_loss
-    }
-    return loss_sum, weight_sum, metrics
+  def _checked(self, loss_sum: Any, normalizer: Any, metrics: Any) -> Loss:
+    """`loss`'s triple as float32, refused in one line naming the task unless each part is
+    a scalar and no metric takes a name the step logs itself (shapes are known when the
+    step is traced: before any update)."""
+    if not isinstance(metrics, Mapping):
+      rule = f"returns a dict of metric sums third, not {type(metrics).__name__}"
+      raise ValueError(f"task {self.name!r}: Task.loss {rule}")
+    taken = sorted(set(metrics) & STEP_METRICS)
+    if taken:
+      raise ValueError(f"task {self.name!r}: metric names {taken} are the step's own")
+    out = []
+    for what, value in (("loss_sum", loss_sum), ("normalizer", normalizer), *metrics.items()):
+      shape = getattr(value, "shape", ())
+      if shape != ():
+        rule = "Task.loss returns scalars (sums over the batch)"
+        raise ValueError(f"task {self.name!r}: its loss gave {what} of shape {shape}; {rule}")
+      out.append(jnp.asarray(value, jnp.float32))
+    return out[0], out[1], dict(zip(metrics, out[2:], strict=True))
 
   def frozen(self, model: ModelConfig, load: LoadFn) -> tuple[Task, Any]:
     """(this task, variables it reads but never trains, e.g. a distillation teacher's

@@ -76,6 +76,10 @@ class TextClassification(Classifying):
       row_budget=lambda counts, s, t: [(counts[0] + 1 + self.pretrained, s)],
     )
 
+  def loss(self, model, batch, deterministic, frozen):
+    del frozen
+    return self.cross_entropy(*self.forward(model, batch, deterministic))
+
   def forward(self, model, batch, deterministic):
     logits = model(
       batch["inputs"],

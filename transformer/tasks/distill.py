@@ -43,7 +43,7 @@ from transformer.nn.models import build_model
 from transformer.tasks.base import LoadFn
 from transformer.tasks.lm import LanguageModeling
 
-KL = "distill_kl"  # the auxiliary mean `forward_with_aux` returns in training steps
+KL = "distill_kl"  # the metric of the soft term, logged in training steps
 
 
 def soft_kl_mean(
@@ -103,23 +103,13 @@ class Distillation(LanguageModeling):
     teacher = teacher.replace(dropout_rate=0.0, attention_dropout_rate=0.0, dtype=model.dtype)
     return dataclasses.replace(self, teacher_model=build_model(teacher)), {"teacher": params}
 
-  def forward_with_aux(self, model, variables, batch, deterministic, rngs):
-    student = {k: v for k, v in variables.items() if k != "frozen"}
-    logits, targets, weights, aux = super().forward_with_aux(
-      model, student, batch, deterministic, rngs
-    )
-    if "frozen" not in variables:  # evaluation: the student alone
-      return logits, targets, weights, aux
-    teacher = {"params": variables["frozen"]["teacher"]}
-    teacher_logits, _, _ = self.apply(self.teacher_model, teacher, batch)
+  def loss(self, model, batch, deterministic, frozen):
+    logits, targets, weights = self.forward(model, batch, deterministic)
+    ce_sum, weight_sum, metrics = self.cross_entropy(logits, targets, weights)
+    if frozen is None:  # evaluation: the student alone, against the labels
+      return ce_sum, weight_sum, metrics
+    teacher_logits, _, _ = self.apply(self.teacher_model, {"params": frozen["teacher"]}, batch)
     kl = soft_kl_mean(jax.lax.stop_gradient(teacher_logits), logits, weights, self.temperature)
-    return logits, targets, weights, {**aux, KL: kl}
-
-  def objective(self, loss_sum, weight_sum, aux):
-    if KL not in aux:  # evaluation: the labels' cross-entropy
-      return super().objective(loss_sum, weight_sum, aux)
-    kl_sum = aux[KL] * weight_sum
-    mixed = (1.0 - self.alpha) * loss_sum + self.alpha * self.temperature**2 * kl_sum
-    rest = {k: v for k, v in aux.items() if k != KL}
-    mixed, sums = super().objective(mixed, weight_sum, rest)  # a MoE student's terms
-    return mixed, {**sums, KL: kl_sum}
+    kl_sum = kl * weight_sum
+    mixed = (1.0 - self.alpha) * ce_sum + self.alpha * self.temperature**2 * kl_sum
+    return mixed, weight_sum, {**metrics, KL: kl_sum}

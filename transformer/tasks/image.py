@@ -76,6 +76,10 @@ class ImageClassification(Classifying):
   def data_spec(self) -> DataSpec:
     return DataSpec(build=_build, shapes=_shapes, images=True, labelled=True)
 
+  def loss(self, model, batch, deterministic, frozen):
+    del frozen
+    return self.cross_entropy(*self.forward(model, batch, deterministic))
+
   def forward(self, model, batch, deterministic):
     logits = model(batch["image"], deterministic=deterministic)  # [B, C]
     return logits, *labels_and_weights(batch)

@@ -66,6 +66,10 @@ class LanguageModeling(Task):
       row_budget=lambda counts, s, t: [(counts[0] + 2, s + 1)],  # BOS + EOS; T + 1 tokens
     )
 
+  def loss(self, model, batch, deterministic, frozen):
+    del frozen
+    return self.cross_entropy(*self.forward(model, batch, deterministic))
+
   def forward(self, model, batch, deterministic):
     return decoder_forward(model, batch, deterministic)
 

@@ -107,6 +107,31 @@ def cross_entropy_with_label_smoothing(
   return loss_sum, jnp.sum(jnp.where(keep, w, 0.0)), extra
 
 
+def cross_entropy(
+  logits: jax.Array,
+  targets: jax.Array,
+  weights: jax.Array | None = None,
+  label_smoothing: float = 0.0,
+  z_loss: float = 0.0,
+) -> tuple[jax.Array, jax.Array, dict[str, jax.Array]]:
+  """The loss of a cross-entropy task, as `Task.loss` returns it: (loss_sum, weight_sum,
+  metric sums), float32 scalars. loss_sum and weight_sum are those of
+  `cross_entropy_with_label_smoothing`; the metrics are `accuracy` (the weight of the
+  positions whose argmax is the target), `nll` (unsmoothed; its mean's exp is the
+  perplexity) and `normalized_loss` (loss_sum - offset * weight_sum: 0 for a model that
+  matches the smoothed targets, without a z-loss)."""
+  loss_sum, weight_sum, extra = cross_entropy_with_label_smoothing(
+    logits, targets, weights, label_smoothing, z_loss
+  )
+  correct, _ = accuracy_sum(logits, targets, weights)
+  metrics = {
+    "accuracy": correct,
+    "nll": extra["nll_sum"],
+    "normalized_loss": loss_sum - extra["normalizing_offset"] * weight_sum,
+  }
+  return loss_sum, weight_sum, metrics
+
+
 def accuracy_sum(
   logits: jax.Array, targets: jax.Array, weights: jax.Array | None = None
 ) -> tuple[jax.Array, jax.Array]:

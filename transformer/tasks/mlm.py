@@ -68,6 +68,10 @@ class MaskedLanguageModeling(Task):
       row_budget=lambda counts, s, t: [(counts[0] + 2, s)],  # [CLS] + [SEP]
     )
 
+  def loss(self, model, batch, deterministic, frozen):
+    del frozen
+    return self.cross_entropy(*self.forward(model, batch, deterministic))
+
   def forward(self, model, batch, deterministic):
     targets, weights, predict = batch["targets"], batch["weights"], None
     if self.max_predictions is not None:

@@ -79,6 +79,10 @@ class PrefixLanguageModeling(Task):
   def data_spec(self) -> DataSpec:
     return DataSpec(build=_build, shapes=token_shapes(KEYS), window=lambda s, t: s)
 
+  def loss(self, model, batch, deterministic, frozen):
+    del frozen
+    return self.cross_entropy(*self.forward(model, batch, deterministic))
+
   def forward(self, model, batch, deterministic):
     return decoder_forward(model, batch, deterministic, MODEL_KEYS)
 

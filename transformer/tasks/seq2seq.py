@@ -76,6 +76,10 @@ class EncoderDecoderTask(Task):
   families = ("seq2seq",)
   count_key = "targets_segment_ids"
 
+  def loss(self, model, batch, deterministic, frozen):
+    del frozen
+    return self.cross_entropy(*self.forward(model, batch, deterministic))
+
   def forward(self, model, batch, deterministic):
     """Teacher-forced logits [B, T, V] of an encoder-decoder (bound), targets and weights."""
     logits = model(

@@ -134,6 +134,9 @@ class Log:
     if self.skip_nonfinite:
       host = self.runner.host_state(state)
       scalars["nonfinite_skipped"] = int(jax.device_get(host.nonfinite_count))
+    empty = 0 if state.empty_count is None else int(np.max(jax.device_get(state.empty_count)))
+    if empty:  # updates skipped because their global normalizer was 0
+      scalars["empty_skipped"] = empty
     if self.sources is not None:  # one training batch per update
       scalars |= self.sources.scalars(done)
     self.writer.write_scalars(done, scalars)

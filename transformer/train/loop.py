@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 from absl import app, flags, logging
 from ml_collections import config_flags
@@ -223,9 +224,11 @@ def _restore_or_init(exp: experiment.Experiment, s: setup.Setup, ckpt) -> tuple[
   process's data position; else `init_from`'s weights; else the fresh initial state."""
   state = s.state
   target = s.runner.state_target(jax.eval_shape(lambda: state))
-  restored = ckpt.restore(target, optional=("ema_params",))
+  restored = ckpt.restore(target, optional=("ema_params", "empty_count"))
   if restored is not None:
     state = restored.state
+    if state.empty_count is None:  # a checkpoint written before empty updates were counted
+      state = state.replace(empty_count=jnp.zeros((), jnp.int32))
     if exp.ema.enabled and state.ema_params is None:
       state = state.replace(ema_params=copy_params(state.params))
       print(f"checkpoint step {restored.step} has no parameter EMA: it starts from its weights")

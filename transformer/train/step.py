@@ -2,21 +2,22 @@
 
 `train_step(state, batch, *, static) -> (state, metrics)` is a module-level pure function,
 compiled once by `jax.jit` (mesh shardings; the global batch is one array) or `jax.pmap`
-(`axis_name`: gradients and sums are psum-ed). The objective is the task's (`Task.loss`):
-a loss sum, a normalizer (what the task averages over: tokens, pairs, sequences, images)
-and metric sums. The step differentiates the loss sum of every micro-batch, sums all
-three over micro-batches and devices, and divides by the global normalizer, so jit, pmap,
-one device and gradient accumulation all optimise the same number. It logs the loss and
-each metric sum over the normalizer, the normalizer itself, and the norms and learning
-rate. (The default `Task.loss` is the label-smoothed cross-entropy over the weighted
-tokens; a mixture-of-experts model adds its balance and router z-losses to it.)
+(`axis_name`: gradients and sums are psum-ed). The objective is the task's
+(`Task.objective`: its `loss` plus a mixture-of-experts model's auxiliary losses): a loss
+sum, a normalizer (what the task averages over: tokens, pairs, sequences, images) and
+metric sums. The step differentiates the loss sum of every micro-batch, sums all three
+over micro-batches and devices, and divides by the global normalizer, so jit, pmap, one
+device and gradient accumulation all optimise the same number. It logs the loss and each
+metric sum over the normalizer, the normalizer itself, and the norms and learning rate.
+An update whose global normalizer is 0 (nothing to average over) is not applied; it is
+counted in `empty_count`.
 
 With `StepConfig.ema_decay` = d > 0 the state also carries `ema_params`, an exponential
 moving average of the parameters updated after every applied update:
   ema <- d_t * ema + (1 - d_t) * params_new,   d_t = d, or with `ema_warmup`
   d_t = min(d, (1 + t) / (10 + t)), t = the updates applied before this one (0, 1, ...),
 the warmup of TensorFlow's `ExponentialMovingAverage(num_updates=t)`. It starts equal to
-the initial parameters; a skipped (NaN/Inf) update leaves it unchanged with the rest.
+the initial parameters; a skipped (NaN/Inf or empty) update leaves it unchanged with the rest.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ class TrainState:
   first_nonfinite_step: jax.Array  # int32 scalar: step number of the first such update, or -1
   ema_params: Any = None  # EMA of params (StepConfig.ema_decay > 0), else None (no leaves)
   frozen: Any = None  # variables the task reads and nothing trains (`Task.frozen`), or None
+  # int32 scalar: updates not applied because their global normalizer was 0 (nothing to
+  # average over); None only in a state restored from a checkpoint written before it
+  empty_count: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,7 @@ def create_train_state(
     first_nonfinite_step=jnp.full((), -1, jnp.int32),
     ema_params=copy_params(params) if ema else None,
     frozen=frozen,
+    empty_count=jnp.zeros((), jnp.int32),
   )
 
 
@@ -127,7 +132,9 @@ def _objective(cfg: StepConfig, params, frozen, batch: Batch, rng, deterministic
   # On a mesh, the model pins its activations to it by their logical axes as it traces.
   layout = partitioning.activation_layout(*cfg.layout) if cfg.layout else contextlib.nullcontext()
   with layout:
-    loss_sum, normalizer, metrics = cfg.task.loss(cfg.model, variables, batch, deterministic, rngs)
+    loss_sum, normalizer, metrics = cfg.task.objective(
+      cfg.model, variables, batch, deterministic, rngs
+    )
   return {"loss": loss_sum, "normalizer": normalizer, **metrics}
 
 
@@ -153,6 +160,11 @@ def _inputs_finite(batch: Batch, axis_name: str | None) -> jax.Array:
   if axis_name is not None:  # pmap: every device must take the same decision
     ok = lax.pmin(ok.astype(jnp.int32), axis_name) > 0
   return ok
+
+
+def _denominator(normalizer: jax.Array) -> jax.Array:
+  """The global normalizer, or 1 where it is 0 (an empty update: never applied)."""
+  return jnp.where(normalizer > 0, normalizer, 1.0)
 
 
 def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[TrainState, dict]:
@@ -185,7 +197,7 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
 
   if cfg.axis_name is not None:
     grads, sums = lax.psum((grads, sums), cfg.axis_name)
-  denom = jnp.maximum(sums["normalizer"], 1.0)
+  denom = _denominator(sums["normalizer"])
   grads = jax.tree.map(lambda g: g / denom, grads)
   updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
@@ -212,7 +224,12 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
   )
   # A NaN/Inf update is never applied: the old weights and optimizer state are kept and the
   # event is recorded. The loop stops on it, or with skip_nonfinite moves on and counts it.
-  new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), new_state, state)
+  # Nor is an empty one (global normalizer 0: nothing to average over); it is counted apart.
+  empty = finite & ~(sums["normalizer"] > 0)
+  apply = finite & ~empty
+  new_state = jax.tree.map(lambda new, old: jnp.where(apply, new, old), new_state, state)
+  if state.empty_count is not None:
+    new_state = new_state.replace(empty_count=state.empty_count + empty.astype(jnp.int32))
   bad = (~finite).astype(jnp.int32)
   first = jnp.where(
     (state.first_nonfinite_step < 0) & ~finite, state.step + 1, state.first_nonfinite_step
@@ -234,5 +251,6 @@ def eval_step(params: Any, batch: Batch, *, cfg: StepConfig) -> dict[str, jax.Ar
 
 def summarize_eval(sums: dict[str, float]) -> dict[str, float]:
   """Means from the evaluation sums summed over batches (floats), and the normalizer."""
-  means = _means(sums, max(sums["normalizer"], 1.0), lambda x: math.exp(min(x, 700.0)))
+  n = sums["normalizer"]
+  means = _means(sums, n if n > 0 else 1.0, lambda x: math.exp(min(x, 700.0)))
   return {**means, "normalizer": sums["normalizer"]}
