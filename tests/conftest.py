@@ -16,7 +16,7 @@ flag the caller gave, such as `make test-isa`'s ISA cap). Fixtures:
 
 Helpers that test modules import: make_tiny_config, make_random_params, tiny_model,
 param_shapes, init_cache, make_decode_step, decode_in_pieces, reference_self_attention,
-make_lm_batch, train_losses, shakespeare_data, tensorboard_events.
+make_lm_batch, train_losses, shakespeare_data, tensorboard_events, byte_level_bpe.
 """
 
 import session_env
@@ -193,6 +193,23 @@ def shakespeare_data(tmp_path: os.PathLike, kind: str, **fields: Any) -> "DataCo
     test_fraction=0.0,
     **fields,
   )
+
+
+def byte_level_bpe(corpus: list[str], specials: list[str], vocab_size: int = 300) -> Any:
+  """A GPT-2-style byte-level BPE (`tokenizers.Tokenizer`) trained on `corpus`, with
+  `specials` added after its pieces."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  alphabet = pre_tokenizers.ByteLevel.alphabet()
+  trainer = trainers.BpeTrainer(
+    vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=False
+  )
+  tok.train_from_iterator(corpus, trainer)
+  tok.add_special_tokens(specials)
+  return tok
 
 
 def tensorboard_events(logdir: str | os.PathLike) -> list:

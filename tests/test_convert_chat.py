@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from conftest import byte_level_bpe
 
 from transformer.convert import tokenizers as pretrained
 
@@ -33,14 +33,7 @@ MESSAGES = [{"role": "user", "content": "  What light through yonder window brea
 def _directory(path, template, in_file: bool):
   from transformers import PreTrainedTokenizerFast
 
-  tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-    vocab_size=280, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-  )
-  tok.train_from_iterator(CORPUS, trainer)
-  tok.add_special_tokens(["<s>", "</s>", "<|im_start|>", "<|im_end|>"])
+  tok = byte_level_bpe(CORPUS, ["<s>", "</s>", "<|im_start|>", "<|im_end|>"], vocab_size=280)
   fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
   fast.chat_template = template
   fast.save_pretrained(path)
@@ -81,5 +74,5 @@ def test_no_template_or_a_sentencepiece_model_is_one_line(tmp_path):
   config = json.loads((path / "tokenizer_config.json").read_text())
   del config["chat_template"]
   (path / "tokenizer_config.json").write_text(json.dumps(config))
-  with pytest.raises(ValueError, match=r"--chat: the tokenizer of .* has no chat template"):
+  with pytest.raises(ValueError, match=r"chat: the tokenizer of .* has no chat template"):
     pretrained.from_pretrained_dir(path).chat_prompt("hi")

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import sentencepiece as spm
+from conftest import byte_level_bpe
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from transformer import tasks
@@ -48,14 +49,7 @@ SAMPLES = [
 def gpt2_dir(tmp_path_factory):
   from transformers import GPT2TokenizerFast
 
-  tok = Tokenizer(models.BPE())
-  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-  tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(
-    vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-  )
-  tok.train_from_iterator(CORPUS, trainer)
-  tok.add_special_tokens(["<|endoftext|>"])  # the last id, as GPT-2's 50256
+  tok = byte_level_bpe(CORPUS, ["<|endoftext|>"])  # the last id, as GPT-2's 50256
   path = tmp_path_factory.mktemp("gpt2")
   end = "<|endoftext|>"
   GPT2TokenizerFast(

@@ -28,11 +28,11 @@ V - 1, so that our PAD is 0), the tokenizer swaps the same two ids, in `encode`,
 the pieces and the special ids, and reports the model's ids (BART: PAD 0, BOS 1, EOS 2;
 Marian: PAD 0, EOS V - 1).
 
-`encode` adds no special tokens (the pipelines add them); `decode` drops special tokens,
-as the source library does with `skip_special_tokens=True`. `save` writes one JSON file
-(kind 'pretrained': the source files' contents, the special ids) that `load_tokenizer` reads
-back once this module is imported (it registers the kind); `save_to_workdir` puts it where
-`data.tokenizer='pretrained'` with `data.tokenizer_from=WORKDIR` finds it.
+`encode` adds no special tokens (the pipelines add them); `decode` drops them, as the
+source library does with `skip_special_tokens=True`. `save` writes one JSON file (kind
+'pretrained': the source files' contents, the special ids) that `load_tokenizer` reads back
+once this module is imported; `save_to_workdir` puts it where `data.tokenizer='pretrained'`
+with `data.tokenizer_from=WORKDIR` finds it. Chat templates: `convert/chat.py`.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from __future__ import annotations
 import base64
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
@@ -283,16 +283,24 @@ class PretrainedTokenizer(Tokenizer):
     prev_special = np.concatenate([[True], special[:-1]])
     return ~special & (self._starts[ids] | prev_special)
 
-  def chat_prompt(self, text: str) -> str:
-    """`text` as one user message under the checkpoint's chat template, with the
-    assistant's turn opened (`chat.render`); its special tokens' texts encode to their ids
-    (a `tokenizer.json` only: a SentencePiece model would spell them out)."""
+  def chat_template(self) -> tuple[str, dict[str, str]]:
+    """(the chat template, the special tokens' texts by role); a `tokenizer.json` only (a
+    SentencePiece model would spell those texts out), else refused in one line."""
     template = self._saved.get("chat_template")
     if not template:
-      raise ValueError(f"--chat: the tokenizer of {self.name} has no chat template")
+      raise ValueError(f"chat: the tokenizer of {self.name} has no chat template")
     if self._saved["backend"] != "tokenizers":
-      raise ValueError(f"--chat: needs a tokenizer.json ({self.name} has a SentencePiece model)")
-    texts = {r: self.id_to_piece(i) for r, i in self.specials.items() if i is not None}
+      raise ValueError(f"chat: needs a tokenizer.json ({self.name} has a SentencePiece model)")
+    return template, {r: self.id_to_piece(i) for r, i in self.specials.items() if i is not None}
+
+  def encode_chars(self, text: str) -> tuple[np.ndarray, Callable[[int], int | None]]:
+    """`encode_array(text)`, and a character's index -> its token's (`tokenizers`')."""
+    encoding = self._backend.tok.encode(text, add_special_tokens=False)
+    return self._swap[np.asarray(encoding.ids, np.int64)].astype(np.int32), encoding.char_to_token
+
+  def chat_prompt(self, text: str) -> str:
+    """`text` as one user message under the chat template, the assistant's turn opened."""
+    template, texts = self.chat_template()
     return chat.render(template, [{"role": "user", "content": text}], texts)
 
   def save(self, path: str | os.PathLike) -> None:
