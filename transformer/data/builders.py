@@ -3,9 +3,8 @@
 Each builder is a `tfds.core.GeneratorBasedBuilder`; its config names the source files,
 and the config name ends in a fingerprint of the files' content and the settings, so a
 changed file or setting prepares a fresh dataset instead of reusing a stale one.
-Datasets are written as array_record (no TensorFlow needed) in source order, and read
-back with `builder.as_data_source()` or
-`tfds.data_source('local_text_corpus/<config name>', split=..., data_dir=...)`.
+Datasets are written as array_record (no TensorFlow needed) in source order, and read back
+with `builder.as_data_source()` or `tfds.data_source('local_text_corpus/<name>', ...)`.
 
 All source parsing happens in `_split_generators`, before anything is written, so bad
 input (missing file, undecodable bytes, malformed row, empty corpus) raises in the
@@ -79,8 +78,7 @@ class LocalBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     raise NotImplementedError(f"{type(self).__name__} must define _features")
 
   def _parse(self) -> dict[str, list[dict[str, Any]]]:
-    """Reads and validates the source; returns split -> examples (source order). Each
-    builder below defines its own (abstract here)."""
+    """Reads and validates the source: split -> examples in source order (abstract here)."""
     raise NotImplementedError(f"{type(self).__name__} must define _parse")
 
   def _info(self) -> tfds.core.DatasetInfo:
@@ -302,9 +300,8 @@ def config_name(path: str | os.PathLike, digest: str, name: str | None = None) -
 
 
 class _DropCustomConfigNotice(logging.Filter):
-  """TFDS warns "Using custom data configuration: <the whole config>" whenever a builder
-  gets a config its class does not list, which every local dataset does by design (the
-  config names the files): dropped, and only that record."""
+  """TFDS warns "Using custom data configuration: ..." for each config its class does not
+  list, as every local dataset's (it names the files): only that record is dropped."""
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("Using custom data configuration")
@@ -315,25 +312,17 @@ def prepare(
 ) -> tfds.core.DatasetBuilder:
   """Builds (once) and returns the dataset; later calls with the same config reuse it."""
   _check_fractions(config.validation_fraction, config.test_fraction)
-  try:
-    builder = _builder(builder_cls, config, data_dir)
-    builder.download_and_prepare()
-  except FileExistsError:
-    # Another process prepared the same dataset (same files and settings) while this one
-    # did, and renamed its copy into place first: read that one.
-    builder = _builder(builder_cls, config, data_dir)
-  return builder
-
-
-def _builder(
-  builder_cls: type[LocalBuilder], config: LocalConfig, data_dir: str | os.PathLike | None
-) -> tfds.core.DatasetBuilder:
   notice, absl_logger = _DropCustomConfigNotice(), logging.getLogger("absl")  # TFDS logs there
   absl_logger.addFilter(notice)
   try:
-    return builder_cls(config=config, data_dir=data_dir, file_format="array_record")
+    builder = builder_cls(config=config, data_dir=data_dir, file_format="array_record")
+    try:
+      builder.download_and_prepare()
+    except FileExistsError:  # another process renamed the same dataset into place first
+      builder = builder_cls(config=config, data_dir=data_dir, file_format="array_record")
   finally:
     absl_logger.removeFilter(notice)
+  return builder
 
 
 def prepare_named(
