@@ -80,8 +80,13 @@ class Workload:
 
   @property
   def task(self) -> tasks.Task:
-    """The workload's task, with the MLM head at the masked positions as in training."""
-    return tasks.get(self.kind).create(DataConfig(kind=self.kind, mask_rate=MASK_RATE), self.seq)
+    """The workload's task, with the MLM head at the masked positions as in training, and
+    the label smoothing of the loss."""
+    cls = tasks.get(self.kind)
+    wanted = {"label_smoothing": LABEL_SMOOTHING, "mask_rate": MASK_RATE}
+    taken = {f.name for f in dataclasses.fields(cls.Options)}
+    options = cls.Options(**{k: v for k, v in wanted.items() if k in taken})
+    return cls.create(DataConfig(kind=self.kind), self.seq, options)
 
   @property
   def mlm_predictions(self) -> int | None:
@@ -207,7 +212,7 @@ class OursStep:
     step_cfg = StepConfig(
       model=model,
       tx=tx,
-      task=dataclasses.replace(w.task, label_smoothing=LABEL_SMOOTHING),
+      task=w.task,
     )
     self.runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
     rng = np.random.default_rng(seed)

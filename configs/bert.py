@@ -12,6 +12,7 @@ decay approximated by cosine, weight decay 0.01. No reference result on this mac
 from pathlib import Path
 
 from transformer.train.config_files import load_module
+from transformer.train.experiment import task_block
 
 common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
@@ -22,7 +23,8 @@ def get_config(arg="base"):
   config = common.named_size(__file__, arg, SIZES, "bert")  # Devlin et al. 2019, Section 3
   config.data.kind = "mlm"
   common.lm1b_sentencepiece(config.data, vocab_size=30522)  # as BERT's WordPiece vocabulary
-  config.data.mask_rate = 0.15  # BERT's
+  config.task = task_block("mlm")
+  config.task.mask_rate = 0.15  # BERT's
   common.bert_adam(config)
   config.schedule.learning_rate = 1e-4  # the paper's
   config.schedule.warmup_steps = 10_000  # the paper's

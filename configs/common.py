@@ -18,7 +18,7 @@ from pathlib import Path
 from ml_collections import ConfigDict
 
 from transformer.nn.sizes import NAMED_SIZES
-from transformer.train.experiment import default_config
+from transformer.train.experiment import default_config, task_block
 
 BIBLE_TSV = "data/bible_kjv_rv1909_en_es.tsv.gz"  # KJV and Reina-Valera 1909, verse-aligned
 SHAKESPEARE = "data/tinyshakespeare.txt.gz"
@@ -299,6 +299,7 @@ def span_corruption_pretraining(config: ConfigDict, every: int) -> None:
   every `every` updates."""
   config.model.dropout_rate = 0.0
   config.data.kind = "span_corruption"
+  config.task = task_block("span_corruption")  # noise_density 0.15, mean_span_length 3
   config.optimizer.weight_decay = 0.01
   config.batch_size = 32
   evaluate_and_checkpoint(config, every, batches=20)

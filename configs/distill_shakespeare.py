@@ -11,6 +11,7 @@ Results over 3 seeds: docs/RESEARCH.md ("Knowledge distillation").
 """
 
 from transformer.train.config_files import beside
+from transformer.train.experiment import task_block
 
 
 def get_config(arg=None):
@@ -24,7 +25,9 @@ def get_config(arg=None):
     raise ValueError(f"configs/distill_shakespeare.py: unknown argument {arg!r} (use alone)")
   d = config.data
   d.kind = "distill"
-  d.teacher = "runs/lm_shakespeare"  # make train's workdir
-  d.distill_temperature = 2.0  # Hinton et al. 2015 use 1 to 20; 2 to 4 is usual for LMs
-  d.distill_alpha = 0.5  # half soft targets, half labels
+  config.task = task_block("distill")
+  t = config.task
+  t.teacher = "runs/lm_shakespeare"  # make train's workdir
+  t.temperature = 2.0  # Hinton et al. 2015 use 1 to 20; 2 to 4 is usual for LMs
+  t.alpha = 0.5  # half soft targets, half labels
   return config

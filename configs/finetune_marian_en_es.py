@@ -50,7 +50,7 @@ def get_config(arg=None):
   m.dropout_rate = 0.1  # Opus-MT's dropout (runtime fields are the config's)
   m.attention_dropout_rate = 0.0  # Opus-MT's attention_dropout
   common.bible_translation(config.data)  # tokenized by the directory's tokenizer
-  config.label_smoothing = 0.0  # the loss is the model's own cross-entropy
+  config.task.label_smoothing = 0.0  # the loss is the model's own cross-entropy
   # Marian's Adam (betas (0.9, 0.98), eps 1e-9), clipped; warmup over 10% of the updates,
   # then cosine decay to a tenth. The rate suits the tiny random directory.
   common.clipped_cosine(config, 80, 0.1, learning_rate=3e-3, b2=0.98, eps=1e-9)

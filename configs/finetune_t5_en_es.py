@@ -41,7 +41,7 @@ def get_config(arg=None):
   m.dropout_rate = 0.1  # T5's dropout_rate (runtime fields are the config's)
   m.attention_dropout_rate = 0.1  # T5 applies the same rate to attention weights
   common.bible_translation(config.data)  # tokenized by the directory's tokenizer
-  config.label_smoothing = 0.0  # T5 fine-tunes without
+  config.task.label_smoothing = 0.0  # T5 fine-tunes without
   config.optimizer.kind = "adafactor"  # T5's optimizer
   config.optimizer.clip_norm = 1.0
   config.schedule.kind = "constant"  # T5 fine-tuning: a constant rate

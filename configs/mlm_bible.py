@@ -20,7 +20,7 @@ only 17.8% / 5.192.
 from pathlib import Path
 
 from transformer.train.config_files import load_module
-from transformer.train.experiment import default_config
+from transformer.train.experiment import default_config, task_block
 
 common = load_module(Path(__file__).with_name("common.py"), "configs_common")
 
@@ -37,8 +37,9 @@ def get_config(arg=None):
   # The testament labels are unused here; reading them keeps classify_testament's split.
   common.bible_testament_labels(d)
   common.bible_sentencepiece(d)  # unigram pieces trained on the training verses
-  d.mask_rate = 0.3  # more predictions per step for free (logits cover every position anyway)
   d.eval_batch_size = 64
+  config.task = task_block("mlm")
+  config.task.mask_rate = 0.3  # more predictions per step for free (logits cover every position)
   config.optimizer.b2 = 0.98  # a short run
   config.optimizer.eps = 1e-6  # BERT's
   config.optimizer.weight_decay = 0.01  # BERT's

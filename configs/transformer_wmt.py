@@ -45,7 +45,7 @@ def get_config(arg="base"):
   config.schedule.kind = "noam"  # d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
   config.schedule.warmup_steps = 4000  # paper 5.3
   config.schedule.scale = 1.0  # the paper's multiplier
-  config.label_smoothing = 0.1  # paper 5.4
+  config.task.label_smoothing = 0.1  # paper 5.4
   config.num_train_steps = 100_000 if arg == "base" else 300_000  # paper 5.2
   config.batch_size = 128  # rows of 256 tokens (~25k source + target tokens per batch)
   config.seq_len = 256  # source and target row length

@@ -51,7 +51,7 @@ def get_config(arg=None):
   d = config.data
   common.bible_translation(d)
   common.bible_sentencepiece(d)  # one unigram vocabulary for both languages
-  config.label_smoothing = 0.1  # Vaswani et al. 2017, 5.4
+  config.task.label_smoothing = 0.1  # Vaswani et al. 2017, 5.4
   common.short_translation_adamw(config)
   config.optimizer.weight_decay = 0.0  # none in the paper
   config.num_train_steps = 4000  # about five epochs of the training pairs

@@ -36,7 +36,7 @@ def get_config(arg="B/16"):
   config.schedule.kind = "cosine"
   config.schedule.learning_rate = 1e-3  # for batch 1024
   config.schedule.warmup_steps = 6255  # 5 epochs of 1,281,167 images at batch 1024
-  config.label_smoothing = 0.1  # DeiT
+  config.task.label_smoothing = 0.1  # DeiT
   config.num_train_steps = 375_000  # 300 epochs
   config.batch_size = 1024
   common.evaluate_and_checkpoint(config, 12_510)  # every 10 epochs, the whole split

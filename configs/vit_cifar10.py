@@ -31,7 +31,7 @@ def get_config(arg=None):
   d.crop_padding = 4  # random 32x32 crops of the 4-pixel padded image
   d.horizontal_flip = True  # CIFAR's classes look the same mirrored
   d.eval_batch_size = 500
-  config.label_smoothing = 0.1  # regularises the small-data regime
+  config.task.label_smoothing = 0.1  # regularises the small-data regime
   # Peak 1e-3 for batch 256 after ~5 epochs of warmup, then decay to 0.
   common.clipped_cosine(config, 1000, learning_rate=1e-3, b2=0.999, weight_decay=0.05)
   config.num_train_steps = 39_000  # 200 epochs of 195 batches

@@ -46,7 +46,7 @@ def get_config(arg=None):
   d.crop_padding = 0  # no random crops: with them the model underfits in 15 epochs
   d.horizontal_flip = True  # clothes are symmetric enough
   d.eval_batch_size = 500
-  config.label_smoothing = 0.0  # it did not help in 15 epochs
+  config.task.label_smoothing = 0.0  # it did not help in 15 epochs
   common.clipped_cosine(config, 300, learning_rate=2e-3, b2=0.99, weight_decay=0.05)
   config.num_train_steps = 7000  # 15 epochs
   config.batch_size = 128

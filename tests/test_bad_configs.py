@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from session_env import PATIENCE_S
 
+from transformer import tasks
 from transformer.nn.config import ModelConfig
 from transformer.train import experiment
 
@@ -32,8 +33,8 @@ _OUT_OF_RANGE = {
   **{f: [0, -3] for f in ("log_every", "checkpoint_every", "keep_checkpoints")},
   **{f: [-1] for f in ("eval_every", "eval_batches", "sample_tokens", "bleu_every")},
   "bleu_beam_size": [-1],
-  "label_smoothing": [-0.1, 1.0, 7.5, _NAN, _INF],
-  "z_loss": [-1e-4, -_INF],
+  "task.label_smoothing": [-0.1, 1.0, 7.5, _NAN, _INF],
+  "task.z_loss": [-1e-4, -_INF, _INF],
   "parallelism": ["pjit", ""],
   "best_mode": ["lowest"],
   "sample_temperature": [0.0, -1.0, -_INF],
@@ -63,7 +64,6 @@ _OUT_OF_RANGE = {
   "model.dtype": ["float8", "int32"],
   "model.remat_policy": ["sometimes"],
   **{f"data.{f}": ["bogus"] for f in ("kind", "source", "tokenizer", "overlong", "spm_model_type")},
-  "data.mask_rate": [0.0, 1.0, -0.5],
   "data.vocab_size": [15, 0],
   "data.image_size": [0, -3],
   "data.num_workers": [-1],
@@ -120,6 +120,7 @@ _INCOMPATIBLE = [
 def _loop_and_model_types() -> dict[str, type]:
   """Type of every top-level loop field and every non-optional model field."""
   types = dict(experiment.top_level_fields())
+  types |= {f"task.{f.name}": float for f in dataclasses.fields(tasks.CrossEntropyOptions)}
   hints = typing.get_type_hints(ModelConfig)
   for f in dataclasses.fields(ModelConfig):
     if hints[f.name] in (int, float, str, bool):
@@ -150,7 +151,9 @@ def _malformed(draw):
     key = draw(st.sampled_from(sorted(_TYPES)))
     return {key: draw(st.sampled_from(_WRONG_TYPE[_TYPES[key]]))}, [key.rpartition(".")[2]]
   if kind == "unknown":
-    block = draw(st.sampled_from(["", "model.", "data.", "optimizer.", "schedule.", "mesh."]))
+    block = draw(
+      st.sampled_from(["", "model.", "data.", "task.", "optimizer.", "schedule.", "mesh."])
+    )
     name = draw(st.from_regex(r"[a-z][a-z_]{2,12}", fullmatch=True))
     assume_new = name not in (_BASE[block[:-1]] if block else _BASE)
     key = f"{block}{name}" if assume_new else f"{block}{name}_x"
@@ -203,7 +206,7 @@ def test_every_listed_bad_value_fails_in_one_line_naming_the_field():
     pytest.param({"data.eval_split": 3}, id="data.eval_split=int-accepted"),
     pytest.param({"data.num_workers": "7"}, id="data.num_workers=str-unnamed"),
     pytest.param({"model.num_kv_heads": True}, id="model.num_kv_heads=bool-accepted"),
-    pytest.param({"z_loss": _NAN}, id="z_loss=nan-accepted"),
+    pytest.param({"task.z_loss": _NAN}, id="z_loss=nan-accepted"),
     pytest.param({"sample_temperature": _NAN}, id="sample_temperature=nan-accepted"),
     pytest.param({"batch_size": {"a": 1}}, id="batch_size=dict-two-lines"),
   ],
@@ -213,6 +216,32 @@ def test_known_validation_gaps(changes):
   with pytest.raises(ValueError) as error:
     experiment.validate(_with(changes))
   assert "\n" not in str(error.value) and key.rpartition(".")[2] in str(error.value)
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(experiment.MOVED.items()))
+def test_a_field_set_at_its_old_place_names_its_new_one(old, new):
+  with pytest.raises(ValueError) as error:
+    experiment.validate(_with({old: 0.5}))
+  assert str(error.value) == f"config.{old}=0.5: has moved: set config.{new}"
+
+
+@pytest.mark.parametrize(
+  ("changes", "message"),
+  [
+    ({"task.mask_rate": 1.0}, "config.task.mask_rate=1.0: must be in (0, 1)"),
+    (
+      {"task.mask_rte": 0.2},
+      "config.task.mask_rte=0.2: unknown field; known: label_smoothing, "
+      "mask_rate, whole_word_masking, z_loss",
+    ),  # fmt: skip
+    ({"task.whole_word_masking": 1}, "config.task.whole_word_masking=1: must be bool"),
+  ],
+)
+def test_the_task_block_is_checked_against_the_options_of_the_configs_task(changes, message):
+  mlm = {"data.kind": "mlm", "model.family": "encoder", "model.max_len": 128}
+  with pytest.raises(ValueError) as error:
+    experiment.validate(_with({**mlm, **changes}))
+  assert str(error.value) == message
 
 
 _OVERRIDE_VALUES = ["abc", "-1", "0", "1.5", "nan", "-inf", "1e400", "maybe", "", "9" * 20]

@@ -44,15 +44,13 @@ def teacher_dir(tmp_path_factory):
   return str(workdir)
 
 
-def _student_config(teacher_dir: str, **data):
+def _student_config(teacher_dir: str, **options):
   config = tiny_lm_config.get_config()
   config.model.d_model, config.model.d_ff = 16, 32  # narrower than the teacher
   config.model.dropout_rate = 0.0
   config.data.kind = "distill"
-  config.data.teacher = teacher_dir
-  config.data.distill_temperature = TAU
-  config.data.distill_alpha = ALPHA
-  config.data.update(data)
+  config.task = experiment.task_block("distill")
+  config.task.update({"teacher": teacher_dir, "temperature": TAU, "alpha": ALPHA, **options})
   return config
 
 
@@ -115,21 +113,35 @@ def test_a_teacher_with_another_vocabulary_is_refused_in_one_line(teacher_dir, t
   with pytest.raises(ValueError) as error:
     setup.build(exp, str(tmp_path))
   message = str(error.value)
-  assert "\n" not in message and message.startswith(f"config.data.teacher={teacher_dir!r}: ")
+  assert "\n" not in message and message.startswith(f"config.task.teacher={teacher_dir!r}: ")
   assert "its vocabulary has" in message and "student's 300" in message
 
 
 @pytest.mark.parametrize(
-  ("data", "field"),
+  ("options", "field"),
   [
-    ({"teacher": ""}, "data.teacher"),
-    ({"distill_temperature": 0.0}, "data.distill_temperature"),
-    ({"distill_alpha": 1.5}, "data.distill_alpha"),
+    ({"teacher": ""}, "task.teacher"),
+    ({"temperature": 0.0}, "task.temperature"),
+    ({"alpha": 1.5}, "task.alpha"),
+    ({"distill_alpha": 0.5}, "task.distill_alpha"),  # unknown: the message lists the fields
   ],
 )
-def test_bad_distillation_settings_fail_in_one_line(data, field):
-  with pytest.raises(ValueError, match=f"^config.{field}="):
-    experiment.validate(_student_config("runs/teacher", **data))
+def test_bad_distillation_settings_fail_in_one_line(options, field):
+  with pytest.raises(ValueError, match=f"^config.{field}=") as error:
+    experiment.validate(_student_config("runs/teacher", **options))
+  assert "\n" not in str(error.value)
+  if field == "task.distill_alpha":
+    assert "known: alpha, label_smoothing, teacher, temperature, z_loss" in str(error.value)
+
+
+def test_the_teacher_at_its_old_place_names_its_new_one():
+  config = _student_config("runs/teacher")
+  config.data.teacher = "runs/teacher"
+  with pytest.raises(ValueError) as error:
+    experiment.validate(config)
+  assert str(error.value) == (
+    "config.data.teacher='runs/teacher': has moved: set config.task.teacher"
+  )
 
 
 def test_a_missing_teacher_is_one_line_naming_the_field(tmp_path):
@@ -137,4 +149,4 @@ def test_a_missing_teacher_is_one_line_naming_the_field(tmp_path):
   with pytest.raises(ValueError) as error:
     setup.build(exp, str(tmp_path / "w"))
   assert "\n" not in str(error.value)
-  assert str(error.value).startswith(f"config.data.teacher={str(tmp_path / 'nothing')!r}: ")
+  assert str(error.value).startswith(f"config.task.teacher={str(tmp_path / 'nothing')!r}: ")

@@ -134,7 +134,7 @@ def _fine_tune(family, hf_dir, tmp_path, caplog, **loop):
     metrics = train_lib.train_and_evaluate(config, str(tmp_path / "run"))
   assert np.isfinite(metrics["loss"]), metrics
   exp = experiment.validate(_config(family, hf_dir, **loop))
-  assert exp.loop.label_smoothing == 0.0 and exp.loop.z_loss == 0.0
+  assert exp.task.options.label_smoothing == 0.0 and exp.task.options.z_loss == 0.0
   s = setup.build(exp, str(tmp_path / "fresh"))  # the same seed: the same batch and init
   batch = next(iter(s.train_iter))
   image = {"image_size": s.model_cfg.image_size} if exp.task.images else {}  # the run's

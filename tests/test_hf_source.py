@@ -236,7 +236,8 @@ def test_distill_reads_the_tables_with_a_teacher_trained_on_them(tables, tmp_pat
   config.data.update(**on_tables)
   train_lib.train_and_evaluate(config, teacher)
   student = tiny("distill_shakespeare")
-  student.data.update(teacher=teacher, **on_tables)
+  student.data.update(**on_tables)
+  student.task.teacher = teacher
   metrics = train_lib.train_and_evaluate(student, str(tmp_path / "student"))
   assert math.isfinite(metrics["loss"]), metrics
 

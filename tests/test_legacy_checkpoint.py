@@ -47,3 +47,23 @@ def test_checkpoint_from_before_the_refactor_resumes_and_trains_on(tmp_path):
   assert train6["loss"] == pytest.approx(LEGACY_STEP6_TRAIN_LOSS, rel=1e-6)
   assert eval6["loss"] == pytest.approx(LEGACY_STEP6_EVAL_LOSS, rel=1e-6)
   assert sorted(os.listdir(workdir / "checkpoints")) == ["6"]
+
+
+def test_a_config_saved_before_fields_moved_loads_with_them_at_their_new_places(tmp_path):
+  """`eval.py` reads a run's saved config.json: top-level `label_smoothing` and the MLM
+  options saved under `data` land in `config.task`; one the run's task does not take (an
+  LM run's `data.mask_rate`, which had no effect) is dropped."""
+  from transformer.eval.evaluate import load_config, upgrade
+
+  legacy = load_config(FIXTURE)  # an LM run: label_smoothing 0.0 and data.mask_rate 0.15
+  assert legacy.task.to_dict() == {"label_smoothing": 0.0, "z_loss": 0.0}
+  assert "mask_rate" not in legacy.data and "label_smoothing" not in legacy
+  with open(os.path.join(FIXTURE, "config.json")) as f:
+    saved = json.load(f)
+  saved["data"].update(kind="mlm", mask_rate=0.3, whole_word_masking=True)
+  saved["label_smoothing"] = 0.1
+  (tmp_path / "config.json").write_text(json.dumps(saved))
+  task = load_config(str(tmp_path)).task.to_dict()
+  expected = {"label_smoothing": 0.1, "z_loss": 0.0, "mask_rate": 0.3, "whole_word_masking": True}
+  assert task == expected
+  assert upgrade(saved)["task"]["mask_rate"] == 0.3

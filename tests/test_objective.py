@@ -1,6 +1,7 @@
 """A task with a non-cross-entropy objective, defined and registered here, trains through
 the unchanged step: a pairwise logistic margin loss normalised per pair (Bradley-Terry, the
-shape of a reward model's or DPO's loss). Its loss and gradients equal a float64 NumPy
+shape of a reward model's or DPO's loss), with an option of its own (`config.task.beta`,
+declared here too). Its loss and gradients equal a float64 NumPy
 computation on one device, under jit on 2 devices, under pmap and with gradient
 accumulation; its metrics reach the log under its own names. And the bad inputs: a loss
 that is not a scalar, a metric that takes the step's name, a batch with nothing to
@@ -21,14 +22,14 @@ from conftest import make_lm_batch
 from fault_runs import tiny_lm_config
 
 from transformer import tasks
+from transformer.data.config import fail
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.tasks.lm import LanguageModeling
+from transformer.train import experiment
 from transformer.train import loop as train_lib
 from transformer.train.parallel import StepRunner, make_mesh
 from transformer.train.step import StepConfig, create_train_state
-
-BETA = 2.0  # scale of the margin inside the logistic loss
 
 
 def _scores(embedding: jax.Array, batch) -> jax.Array:
@@ -37,14 +38,26 @@ def _scores(embedding: jax.Array, batch) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
+class PairOptions:
+  """`config.task.*` of the pairwise task."""
+
+  beta: float = 2.0  # scale of the margin inside the logistic loss
+
+  def __post_init__(self):
+    if not self.beta > 0:
+      fail("task.beta", self.beta, "must be > 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class PairMargin(LanguageModeling):
   """Rows 2i and 2i + 1 of a batch are a pair, chosen and rejected; the loss of a pair is
-  softplus(-BETA * (score_chosen - score_rejected)), its normalizer the pairs with tokens
+  softplus(-beta * (score_chosen - score_rejected)), its normalizer the pairs with tokens
   on both sides."""
 
   name = "pair_margin"
   prompts = False
   evaluators = ()
+  Options = PairOptions
 
   def loss(self, model, batch, deterministic, frozen):
     del deterministic, frozen
@@ -52,12 +65,12 @@ class PairMargin(LanguageModeling):
     has = jnp.sum(batch["weights"], axis=-1) > 0
     pair = (has[0::2] & has[1::2]).astype(jnp.float32)  # [B / 2]
     margin = score[0::2] - score[1::2]
-    loss_sum = jnp.sum(pair * jax.nn.softplus(-BETA * margin))
+    loss_sum = jnp.sum(pair * jax.nn.softplus(-self.options.beta * margin))
     metrics = {"margin": jnp.sum(pair * margin), "pair_accuracy": jnp.sum(pair * (margin > 0))}
     return loss_sum, jnp.sum(pair), metrics
 
 
-def _reference(embedding: np.ndarray, batch) -> tuple[float, np.ndarray, dict]:
+def _reference(embedding: np.ndarray, batch, beta: float) -> tuple[float, np.ndarray, dict]:
   """(mean loss, gradient of the embedding, metric means) in float64 NumPy, by hand."""
   e = np.asarray(embedding, np.float64)
   ids, w = np.asarray(batch["inputs"]), np.asarray(batch["weights"], np.float64)
@@ -66,11 +79,11 @@ def _reference(embedding: np.ndarray, batch) -> tuple[float, np.ndarray, dict]:
   pair = (has[0::2] & has[1::2]).astype(np.float64)
   n = pair.sum()
   margin = score[0::2] - score[1::2]
-  loss = (pair * np.logaddexp(0.0, -BETA * margin)).sum() / n
-  # d loss / d margin_i = -BETA * sigmoid(-BETA * margin_i) * pair_i / n; margin_i adds the
+  loss = (pair * np.logaddexp(0.0, -beta * margin)).sum() / n
+  # d loss / d margin_i = -beta * sigmoid(-beta * margin_i) * pair_i / n; margin_i adds the
   # chosen row's token weights to the first coordinate of their embeddings, and subtracts
   # the rejected row's.
-  dmargin = -BETA * pair / (1.0 + np.exp(BETA * margin)) / n
+  dmargin = -beta * pair / (1.0 + np.exp(beta * margin)) / n
   grad = np.zeros_like(e)
   for i, d in enumerate(dmargin):
     np.add.at(grad[:, 0], ids[2 * i], d * w[2 * i])
@@ -93,24 +106,24 @@ def _runner(task, parallelism="jit", devices=1, accum=1):
 
 
 @pytest.mark.parametrize(
-  "parallelism, devices, accum",
-  [("jit", 1, 1), ("jit", 2, 1), ("pmap", 8, 1), ("jit", 1, 2)],
-  ids=["one-device", "jit-2-devices", "pmap-8-devices", "accumulate-2"],
+  "parallelism, devices, accum, beta",
+  [("jit", 1, 1, 2.0), ("jit", 2, 1, 2.0), ("pmap", 8, 1, 2.0), ("jit", 1, 2, 0.5)],
+  ids=["one-device", "jit-2-devices", "pmap-8-devices", "accumulate-2-beta-0.5"],
 )
 def test_a_pairwise_objective_trains_through_the_step_as_numpy_computes_it(
-  parallelism, devices, accum
+  parallelism, devices, accum, beta
 ):
   rng = np.random.default_rng(0)
   batch = make_lm_batch(rng, b=16, t=8)
   batch["weights"][6:8] = 0.0  # a pair without tokens: not counted
   batch["weights"][11, 5:] = 0.0  # a shorter rejected row
-  runner, state = _runner(PairMargin(), parallelism, devices, accum)
+  runner, state = _runner(PairMargin(options=PairOptions(beta)), parallelism, devices, accum)
   before = jax.device_get(state.params)
   state = runner.place_state(state)
   state, metrics = runner.train(state, batch)
   after = jax.device_get(runner.host_state(state).params)
 
-  loss, grad, means = _reference(before["token_embed"]["embedding"], batch)
+  loss, grad, means = _reference(before["token_embed"]["embedding"], batch, beta)
   metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
   assert metrics["normalizer"] == 7.0  # 8 pairs, one without tokens
   np.testing.assert_allclose(metrics["loss"], loss, rtol=1e-5)
@@ -125,11 +138,15 @@ def test_a_pairwise_objective_trains_through_the_step_as_numpy_computes_it(
 
 def test_the_registered_task_logs_its_own_metrics_through_the_loop(tmp_path, monkeypatch):
   """Registered in `tasks.TASKS` here, the task is what `data.kind` names: the loop trains
-  and evaluates it, and metrics.jsonl holds its metrics, not the cross-entropy's."""
+  and evaluates it with the option the config sets, and metrics.jsonl holds its metrics,
+  not the cross-entropy's."""
   monkeypatch.setitem(tasks.TASKS, PairMargin.name, PairMargin)
   workdir = str(tmp_path / "run")
   config = tiny_lm_config(num_train_steps=3, checkpoint_every=3)
   config.data.kind = PairMargin.name
+  config.task = experiment.task_block(PairMargin.name)
+  config.task.beta = 0.5
+  assert experiment.validate(config).task.options == PairOptions(beta=0.5)
   train_lib.train_and_evaluate(config, workdir)
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     lines = [json.loads(line) for line in f]
@@ -196,3 +213,21 @@ def test_an_update_with_nothing_to_average_over_is_skipped_and_counted():
   assert int(host.step) == 2 and int(host.empty_count) == 1
   changed = host.params["token_embed"]["embedding"] != before["token_embed"]["embedding"]
   assert changed.any()
+
+
+@pytest.mark.parametrize(
+  "field, value, message",
+  [
+    ("beta", -1.0, "config.task.beta=-1.0: must be > 0"),
+    ("label_smoothing", 0.1, "config.task.label_smoothing=0.1: unknown field; known: beta"),
+  ],
+)
+def test_the_options_the_task_declares_are_checked_in_one_line(monkeypatch, field, value, message):
+  monkeypatch.setitem(tasks.TASKS, PairMargin.name, PairMargin)
+  config = tiny_lm_config()
+  config.data.kind = PairMargin.name
+  config.task = experiment.task_block(PairMargin.name)
+  config.task[field] = value
+  with pytest.raises(ValueError) as e:
+    experiment.validate(config)
+  assert str(e.value) == message

@@ -40,6 +40,11 @@ def _config(family: str) -> ModelConfig:
   )
 
 
+def _smoothed(cls: type[tasks.Task]) -> tasks.Task:
+  """The task with label smoothing 0.1 (its other options at their defaults)."""
+  return cls(options=cls.Options(label_smoothing=0.1))
+
+
 def _batches(kind: str, n: int = 5) -> list[dict[str, np.ndarray]]:
   rng = np.random.default_rng(0)
   out = []
@@ -87,9 +92,7 @@ def _setup(family: str, mesh_shape: dict, kind: str):
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3, eps=1e-4, weight_decay=0.01))
   devices = jax.devices()[:1] if mesh_shape == SINGLE else None
   mesh = partitioning.make_mesh(mesh_shape, devices)
-  runner = StepRunner(
-    StepConfig(model=model, tx=tx, task=tasks.get(kind)(label_smoothing=0.1)), "jit", mesh
-  )
+  runner = StepRunner(StepConfig(model=model, tx=tx, task=_smoothed(tasks.get(kind))), "jit", mesh)
   args, kwargs = tasks.get(kind)().init_args(jax.tree.map(lambda x: x[:1], _batches(kind, 1)[0]))
   params = jax.jit(lambda r: model.init(r, *args, **kwargs))(jax.random.PRNGKey(0))["params"]
   return runner, create_train_state(jax.device_get(params), tx, jax.random.PRNGKey(1))

@@ -233,7 +233,7 @@ def test_distill_shakespeare_learns_from_an_lm_shakespeare_run(tmp_path):
   teacher = str(tmp_path / "teacher")
   train_lib.train_and_evaluate(tiny("lm_shakespeare"), teacher)
   config = tiny("distill_shakespeare")
-  config.data.teacher = teacher
+  config.task.teacher = teacher
   metrics = train_lib.train_and_evaluate(config, str(tmp_path / "student"))
   assert math.isfinite(metrics["loss"])
   assert os.path.isdir(tmp_path / "student" / "checkpoints" / "2")

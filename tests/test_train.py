@@ -22,6 +22,7 @@ from transformer.data.tokenizers import CLS_ID, NUM_SPECIAL, PAD_ID, SEP_ID
 from transformer.eval.evaluate import evaluate
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
+from transformer.tasks.mlm import MaskedLanguageModeling, MLMOptions
 from transformer.train import experiment
 from transformer.train import loop as train_lib
 from transformer.train import step as train_step_lib
@@ -65,7 +66,10 @@ def _runner(parallelism, devices=None, accum=1, clip=1.0, lr=3e-3):
   model = build_model(cfg)
   tx = optax.chain(optax.clip_by_global_norm(clip), optax.adamw(lr, b2=0.98, eps=1e-9))
   step_cfg = StepConfig(
-    model=model, tx=tx, task=tasks.get("lm")(label_smoothing=0.1), grad_accum_steps=accum
+    model=model,
+    tx=tx,
+    task=tasks.get("lm")(options=tasks.CrossEntropyOptions(label_smoothing=0.1)),
+    grad_accum_steps=accum,
   )
   mesh = make_mesh(devices) if devices is not None else None
   runner = StepRunner(step_cfg, parallelism, mesh)
@@ -133,7 +137,7 @@ def _mlm_runner(max_predictions):
   step_cfg = StepConfig(
     model=model,
     tx=tx,
-    task=tasks.get("mlm")(max_predictions=max_predictions, label_smoothing=0.1),
+    task=MaskedLanguageModeling(max_predictions, options=MLMOptions(label_smoothing=0.1)),
   )
   runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]

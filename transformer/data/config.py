@@ -101,8 +101,6 @@ class DataConfig:
   # then every target-column one, one per line); None = True for source 'text'
   windows: bool | None = None
   packing: bool = True  # pack examples into rows (lm without windows, mlm, seq2seq training)
-  mask_rate: float = 0.15  # mlm: fraction of tokens predicted (80% MASK, 10% random, 10% kept)
-  whole_word_masking: bool = False  # mlm: select whole words
   overlong: str = "truncate"  # example longer than the row: truncate | skip | error (counted)
   image_mean: tuple[float, ...] | None = None  # per-channel mean on [0, 1]; None = from train
   image_std: tuple[float, ...] | None = None  # per-channel std on [0, 1]; None = from train
@@ -114,9 +112,6 @@ class DataConfig:
   num_workers: int = 0  # grain worker processes
   prefetch: int = 2  # batches kept ready ahead of the training loop
   scan_examples: int = 2000  # records checked up front for length / unknown characters
-  teacher: str = ""  # distill: the frozen teacher, a run's workdir or hf:DIR
-  distill_temperature: float = 2.0  # distill: softmax temperature of both distributions
-  distill_alpha: float = 0.5  # distill: weight of the soft (KL) term; the labels get 1 - alpha
   # ((source fields, weight), ...): train on several sources in proportion (data/mixture.py)
   mixture: tuple = ()
 
@@ -135,8 +130,6 @@ class DataConfig:
       raise ValueError(
         f"DataConfig.max_bad_fraction must lie in [0, 1), got {self.max_bad_fraction}"
       )
-    if not 0 < self.mask_rate < 1:
-      raise ValueError(f"DataConfig.mask_rate must lie in (0, 1), got {self.mask_rate}")
     if self.vocab_size < 16:
       raise ValueError(f"DataConfig.vocab_size must be >= 16, got {self.vocab_size}")
     if self.image_size is not None and self.image_size < 1:

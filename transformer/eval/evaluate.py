@@ -28,7 +28,8 @@ import jax
 import ml_collections
 from etils import epath
 
-from transformer import evaluators
+from transformer import evaluators, tasks
+from transformer.data.config import DataConfig
 from transformer.data.files import one_line, write_atomic
 from transformer.evaluators import EvalOptions
 from transformer.nn import lora
@@ -43,8 +44,26 @@ from transformer.train.workdir import absolute
 RETIRED_FIELDS = ("debug_inject_nan_at_step", "debug_inject_nan_in")
 
 
+def upgrade(saved: dict[str, Any]) -> dict[str, Any]:
+  """A config saved (as JSON) before fields moved (`experiment.MOVED`), with each moved
+  field at its new place; one the run's task does not take (it had no effect) is dropped."""
+  saved = {k: dict(v) if isinstance(v, dict) else v for k, v in saved.items()}
+  kind = saved.get("data", {}).get("kind", DataConfig.kind)
+  options = {f.name for f in dataclasses.fields(tasks.get(kind).Options)}
+  for old, new in experiment.MOVED.items():
+    block, _, name = old.rpartition(".")
+    values = saved.get(block, {}) if block else saved
+    if name in values:
+      value = values.pop(name)
+      new_block, _, field = new.partition(".")
+      if new_block == "task" and field in options:
+        saved.setdefault("task", {})[field] = value
+  return saved
+
+
 def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """The experiment config a run saved as `config.json`, completed with today's defaults.
+  """The experiment config a run saved as `config.json`, completed with today's defaults
+  (with fields that moved since at their new places: `upgrade`).
 
   `workdir` is a local folder or an object-storage URL (`gs://...`)."""
   path = epath.Path(workdir) / "config.json"
@@ -54,8 +73,9 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
     raise FileNotFoundError(f"{path}: no saved config (is {workdir} a training workdir?)") from None
   except Exception as e:  # storage clients raise many types (OSError, HTTP, auth, import)
     raise ValueError(f"{path}: unreadable: {one_line(e)}") from None
-  saved = json.loads(text)
+  saved = upgrade(json.loads(text))
   config = experiment.default_config()
+  config.task = experiment.task_block(saved.get("data", {}).get("kind", config.data.kind))
   with config.unlocked():
     for block, values in saved.items():
       if isinstance(values, dict):

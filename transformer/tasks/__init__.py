@@ -9,14 +9,18 @@
   prefix_lm       tasks/prefix_lm.py       decoder: bidirectional prefix, causal suffix
   distill         tasks/distill.py         decoder: knowledge distillation from a frozen teacher
 
-`get(name)` returns the task class; `create(data_config, seq_len)` the task of a run.
-A new task is one file with a `Task` subclass and one entry in `TASKS`.
+`get(name)` returns the task class; `create(data_config, seq_len, options)` the task of a
+run, with `options` an instance of the class's `Options` (the run's `config.task.*`).
+A new task is one file with a `Task` subclass (and its `Options`, if it has settings) and
+one entry in `TASKS`.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from transformer.data.config import DataConfig
-from transformer.tasks.base import Run, Task
+from transformer.tasks.base import CrossEntropyOptions, Run, Task
 from transformer.tasks.classification import TextClassification
 from transformer.tasks.distill import Distillation
 from transformer.tasks.image import ImageClassification
@@ -48,9 +52,10 @@ def get(name: str) -> type[Task]:
   return TASKS[name]
 
 
-def create(data: DataConfig, seq_len: int) -> Task:
-  """The task a run's data config names, with the options its data settings imply."""
-  return get(data.kind).create(data, seq_len)
+def create(data: DataConfig, seq_len: int, options: Any = None) -> Task:
+  """The task a run's data config names, with its `options` (None = the task's defaults)
+  and what its data settings imply."""
+  return get(data.kind).create(data, seq_len, options)
 
 
-__all__ = ["TASKS", "Run", "Task", "create", "get"]
+__all__ = ["TASKS", "CrossEntropyOptions", "Run", "Task", "create", "get"]

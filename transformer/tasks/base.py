@@ -9,8 +9,11 @@ labels attention analysis reads. What a run measures beyond the loss belongs to 
 (`transformer/evaluators`); a task names only its defaults (`evaluators`). Training,
 evaluation and analysis code ask the task; they never branch on its name.
 
-A new task is one file defining a `Task` subclass plus one entry in `tasks/__init__.py`;
-a new objective defines `loss` (tests/test_objective.py registers a pairwise one).
+A task's settings are its `Options`, a frozen dataclass that a config sets as
+`config.task.FIELD` (`CrossEntropyOptions` by default: label smoothing and z-loss). A new
+task is one file defining a `Task` subclass (and its `Options`, if it has settings) plus
+one entry in `tasks/__init__.py`; a new objective defines `loss` (tests/test_objective.py
+registers a pairwise one with an option of its own).
 
 Letters: B batch, T length, S source length, V vocabulary, C classes.
 """
@@ -74,6 +77,20 @@ def token_batch(tokenizer: Any, text: str, max_len: int) -> dict[str, np.ndarray
   }
 
 
+@dataclasses.dataclass(frozen=True)
+class CrossEntropyOptions:
+  """`config.task.*` of a cross-entropy task (`Task.cross_entropy`)."""
+
+  label_smoothing: float = 0.0  # PyTorch's epsilon of the cross-entropy, in [0, 1)
+  z_loss: float = 0.0  # coefficient of logsumexp(logits)^2 (PaLM z-loss); 0 = off
+
+  def __post_init__(self):
+    if not 0.0 <= self.label_smoothing < 1.0:
+      fail("task.label_smoothing", self.label_smoothing, "must be in [0, 1)")
+    if not 0.0 <= self.z_loss < float("inf"):
+      fail("task.z_loss", self.z_loss, "must be a finite number >= 0")
+
+
 @dataclasses.dataclass
 class Run:
   """A model with its parameters and the data it is evaluated on (what evaluators read)."""
@@ -102,16 +119,24 @@ class Task(abc.ABC):
   prompts: ClassVar[bool] = False  # its model continues text (the 'sample' evaluator)
   evaluators: ClassVar[tuple[str, ...]] = ()  # run when the config names none (evaluators/)
 
-  # The default (cross-entropy) loss's settings; keyword-only, so that subclasses' own
+  # The task's settings (`config.task.*`): a frozen dataclass with a default for each field.
+  Options: ClassVar[type] = CrossEntropyOptions
+  # This task's `Options` (None = their defaults); keyword-only, so that subclasses' own
   # fields keep their positions.
-  label_smoothing: float = dataclasses.field(default=0.0, kw_only=True)  # PyTorch's epsilon
-  z_loss: float = dataclasses.field(default=0.0, kw_only=True)  # logsumexp(logits)^2 weight
+  options: Any = dataclasses.field(default=None, kw_only=True)
+
+  def __post_init__(self):
+    if self.options is None:
+      object.__setattr__(self, "options", self.Options())
+    elif not isinstance(self.options, self.Options):
+      raise TypeError(f"task {self.name!r} takes {self.Options.__name__}, not {self.options!r}")
 
   @classmethod
-  def create(cls, data: DataConfig, seq_len: int) -> Task:
-    """The task for a run's data settings (options derived from them go in fields)."""
+  def create(cls, data: DataConfig, seq_len: int, options: Any = None) -> Task:
+    """The task for a run: its `options` (None = the defaults) and what the data settings
+    imply (derived fields)."""
     del data, seq_len
-    return cls()
+    return cls(options=options)
 
   # Configuration -------------------------------------------------------------------------
 
@@ -162,9 +187,11 @@ class Task(abc.ABC):
     return run(variables, batch, rngs=rngs or {})
 
   def cross_entropy(self, logits: jax.Array, targets: jax.Array, weights: jax.Array) -> Loss:
-    """`losses.cross_entropy` with this task's label smoothing and z-loss: the loss of a
-    cross-entropy task, with its `accuracy`, `nll` and `normalized_loss`."""
-    return losses.cross_entropy(logits, targets, weights, self.label_smoothing, self.z_loss)
+    """`losses.cross_entropy` with the label smoothing and z-loss of this task's options
+    (`CrossEntropyOptions`): the loss of a cross-entropy task, with its `accuracy`, `nll`
+    and `normalized_loss`."""
+    o = self.options
+    return losses.cross_entropy(logits, targets, weights, o.label_smoothing, o.z_loss)
 
   def objective(
     self, model: nn.Module, variables: dict, batch: Batch, deterministic: bool, rngs: dict

@@ -57,9 +57,9 @@ class TextClassification(Classifying):
   pretrained: bool = False  # a pretrained vocabulary: rows may end with its [SEP]
 
   @classmethod
-  def create(cls, data: DataConfig, seq_len: int) -> TextClassification:
+  def create(cls, data: DataConfig, seq_len: int, options=None) -> TextClassification:
     del seq_len
-    return cls(pretrained=data.tokenizer == "pretrained")
+    return cls(pretrained=data.tokenizer == "pretrained", options=options)
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)

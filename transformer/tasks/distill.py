@@ -10,9 +10,9 @@ auxiliary losses are added unscaled.
 
   data.kind='distill'          next-token prediction (the `lm` task's data, samples and
                                evaluations) of a decoder student
-  data.teacher                 a run of this project (its workdir) or hf:DIR
-  data.distill_temperature     tau > 0
-  data.distill_alpha           in [0, 1]; 0 trains on the labels alone
+  config.task.teacher          a run of this project (its workdir) or hf:DIR
+  config.task.temperature      tau > 0
+  config.task.alpha            in [0, 1]; 0 trains on the labels alone
 
 The teacher is loaded once, when the run is built (`Task.frozen`), and must share the
 student's output space (its vocabulary size; the token ids must mean the same: train the
@@ -40,7 +40,7 @@ from transformer.data.config import DataConfig, fail
 from transformer.data.files import one_line
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
-from transformer.tasks.base import LoadFn
+from transformer.tasks.base import CrossEntropyOptions, LoadFn
 from transformer.tasks.lm import LanguageModeling
 
 KL = "distill_kl"  # the metric of the soft term, logged in training steps
@@ -63,43 +63,49 @@ def soft_kl_mean(
 
 
 @dataclasses.dataclass(frozen=True)
+class DistillOptions(CrossEntropyOptions):
+  """`config.task.*` of distillation (label smoothing and z-loss apply to the CE term)."""
+
+  teacher: str = ""  # the frozen teacher: a run's workdir or hf:DIR
+  temperature: float = 2.0  # tau: softmax temperature of both distributions
+  alpha: float = 0.5  # weight of the soft (KL) term; the labels get 1 - alpha
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not (math.isfinite(self.temperature) and self.temperature > 0):
+      fail("task.temperature", self.temperature, "must be a number > 0")
+    if not 0.0 <= self.alpha <= 1.0:
+      fail("task.alpha", self.alpha, "must be in [0, 1]")
+
+
+@dataclasses.dataclass(frozen=True)
 class Distillation(LanguageModeling):
   name = "distill"
+  Options = DistillOptions
 
-  teacher: str = ""  # a run's workdir or hf:DIR
-  temperature: float = 2.0
-  alpha: float = 0.5
   teacher_model: nn.Module | None = None  # built by `frozen`, from the teacher's config
-
-  @classmethod
-  def create(cls, data: DataConfig, seq_len: int) -> Distillation:
-    del seq_len
-    return cls(data.teacher, data.distill_temperature, data.distill_alpha)
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
-    if not self.teacher:
-      fail("data.teacher", self.teacher, "distill needs a teacher: a run's workdir or hf:DIR")
-    if not (math.isfinite(self.temperature) and self.temperature > 0):
-      fail("data.distill_temperature", self.temperature, "must be a number > 0")
-    if not 0.0 <= self.alpha <= 1.0:
-      fail("data.distill_alpha", self.alpha, "must be in [0, 1]")
+    if not self.options.teacher:
+      fail("task.teacher", "", "distill needs a teacher: a run's workdir or hf:DIR")
 
   def frozen(self, model: ModelConfig, load: LoadFn) -> tuple[Distillation, Any]:
     """The teacher's model and parameters, refused in one line when its output space is
     not the student's."""
+    source = self.options.teacher
     try:
-      teacher, params = load(self.teacher)
+      teacher, params = load(source)
     except (OSError, ValueError) as e:
       message = str(e) if str(e).startswith("config.") else one_line(e)
-      raise ValueError(f"config.data.teacher={self.teacher!r}: {message}") from None
+      raise ValueError(f"config.task.teacher={source!r}: {message}") from None
     if teacher.family not in self.families:
-      fail("data.teacher", self.teacher, f"is a {teacher.family!r} model; distill reads "
+      fail("task.teacher", source, f"is a {teacher.family!r} model; distill reads "
            f"{' or '.join(self.families)} teachers")  # fmt: skip
     if teacher.vocab_size != model.vocab_size:
       sizes = f"{teacher.vocab_size} ids and the student's {model.vocab_size}"
       rule = f"its vocabulary has {sizes}: teacher and student must share the output space"
-      fail("data.teacher", self.teacher, rule)
+      fail("task.teacher", source, rule)
     teacher = teacher.replace(dropout_rate=0.0, attention_dropout_rate=0.0, dtype=model.dtype)
     return dataclasses.replace(self, teacher_model=build_model(teacher)), {"teacher": params}
 
@@ -109,7 +115,8 @@ class Distillation(LanguageModeling):
     if frozen is None:  # evaluation: the student alone, against the labels
       return ce_sum, weight_sum, metrics
     teacher_logits, _, _ = self.apply(self.teacher_model, {"params": frozen["teacher"]}, batch)
-    kl = soft_kl_mean(jax.lax.stop_gradient(teacher_logits), logits, weights, self.temperature)
+    tau, alpha = self.options.temperature, self.options.alpha
+    kl = soft_kl_mean(jax.lax.stop_gradient(teacher_logits), logits, weights, tau)
     kl_sum = kl * weight_sum
-    mixed = (1.0 - self.alpha) * ce_sum + self.alpha * self.temperature**2 * kl_sum
+    mixed = (1.0 - alpha) * ce_sum + alpha * tau**2 * kl_sum
     return mixed, weight_sum, {**metrics, KL: kl_sum}

@@ -5,11 +5,16 @@ weights f32 (1 = predicted), segment_ids, positions; rows are [CLS] text [SEP] s
 packed. The head runs only at the scored positions, padded to `max_predictions` per row
 (BERT's max_predictions_per_seq = `masking.max_selected(mask_rate, T)`); a batch row that
 scores more is refused on the host.
+
+  config.task.mask_rate           fraction of tokens predicted (80% MASK, 10% random, 10% kept)
+  config.task.whole_word_masking  select whole words ('##' pieces, or pieces without '▁')
+  (and the cross-entropy's label_smoothing and z_loss)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import grain
 import jax.numpy as jnp
@@ -20,14 +25,27 @@ from transformer.data.config import DataConfig, fail
 from transformer.data.spec import DataContext, DataSpec
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
-from transformer.tasks.base import Task, token_batch
+from transformer.tasks.base import CrossEntropyOptions, Task, token_batch
 from transformer.tasks.lm import KEYS, token_shapes
 
 
-def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
+@dataclasses.dataclass(frozen=True)
+class MLMOptions(CrossEntropyOptions):
+  """`config.task.*` of masked-LM pretraining."""
+
+  mask_rate: float = 0.15  # fraction of tokens predicted (BERT's 15%)
+  whole_word_masking: bool = False  # select whole words, not pieces
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 0.0 < self.mask_rate < 1.0:
+      fail("task.mask_rate", self.mask_rate, "must be in (0, 1)")
+
+
+def _build(c: DataContext, train: bool, rows: int, options: MLMOptions) -> grain.IterDataset:
   """Rows of [CLS] text [SEP] segments, masked per row after packing (evaluation masks are
   fixed by the seed)."""
-  mask = features.Mask(c.tok, c.cfg.mask_rate, c.cfg.whole_word_masking)
+  mask = features.Mask(c.tok, options.mask_rate, options.whole_word_masking)
   b, source, lengths = c.batching(train, rows), c.source(train), {"inputs": c.seq_len}
   if c.streams:  # [CLS] window of T - 2 tokens [SEP]; sharded, then shuffled per host
     starts = pipeline.window_starts(source, c.seq_len - 2, train, c.splits.name)
@@ -45,12 +63,14 @@ def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
 class MaskedLanguageModeling(Task):
   name = "mlm"
   families = ("encoder",)
+  Options = MLMOptions
   # Logits only at up to this many scored positions per row (None: at all positions).
   max_predictions: int | None = None
 
   @classmethod
-  def create(cls, data: DataConfig, seq_len: int) -> MaskedLanguageModeling:
-    return cls(max_predictions=masking.max_selected(data.mask_rate, seq_len))
+  def create(cls, data: DataConfig, seq_len: int, options=None) -> MaskedLanguageModeling:
+    options = options or MLMOptions()
+    return cls(masking.max_selected(options.mask_rate, seq_len), options=options)
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
@@ -61,7 +81,7 @@ class MaskedLanguageModeling(Task):
 
   def data_spec(self) -> DataSpec:
     return DataSpec(
-      build=_build,
+      build=functools.partial(_build, options=self.options),
       shapes=token_shapes(KEYS),
       window=lambda s, t: s - 2,  # [CLS] window [SEP]
       packing_key="segment_ids",
@@ -104,7 +124,7 @@ class MaskedLanguageModeling(Task):
     if most > self.max_predictions:
       raise ValueError(
         f"an MLM batch row scores {most} positions, more than the {self.max_predictions} the "
-        "train step predicts per row (data.mask_rate x seq_len); the batch does not come from "
+        "train step predicts per row (task.mask_rate x seq_len); the batch does not come from "
         "transformer.data's MLM masking"
       )
 

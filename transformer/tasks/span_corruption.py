@@ -1,9 +1,9 @@
 """T5 span corruption: encoder-decoder pretraining on plain text (Raffel et al. 2020, 3.1.4).
 
-A window of L tokens of the text is noised: about `noise_density` of its tokens (0.15),
-in spans of mean length `mean_span` (3), are dropped. The inputs are the window with each
-dropped span replaced by one sentinel; the targets are the sentinels, each followed by the
-span it stands for. Both end in EOS:
+A window of L tokens of the text is noised: about `config.task.noise_density` of its
+tokens (0.15), in spans of mean length `config.task.mean_span_length` (3), are dropped.
+The inputs are the window with each dropped span replaced by one sentinel; the targets are
+the sentinels, each followed by the span it stands for. Both end in EOS:
 
   window   a b c d e f g h
   inputs   a <s0> d e <s1> h EOS
@@ -29,10 +29,9 @@ from transformer.data.config import DataConfig, fail
 from transformer.data.spec import DataContext, DataSpec
 from transformer.data.tokenizers import EOS_ID
 from transformer.nn.config import ModelConfig
+from transformer.tasks.base import CrossEntropyOptions
 from transformer.tasks.seq2seq import EncoderDecoderTask, seq2seq_shapes
 
-NOISE_DENSITY = 0.15  # fraction of tokens dropped (Raffel et al. 2020, Table 7 best)
-MEAN_SPAN = 3.0  # mean dropped-span length in tokens (same table)
 NUM_SENTINELS = 100  # T5's extra ids
 
 
@@ -67,8 +66,8 @@ def _segment(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
 def noise_mask(
   length: int,
   rng: np.random.Generator,
-  density: float = NOISE_DENSITY,
-  mean_span: float = MEAN_SPAN,
+  density: float = 0.15,
+  mean_span: float = 3.0,
 ) -> np.ndarray:
   """bool [length]: True at dropped tokens (T5's `random_spans_noise_mask`)."""
   noise, spans = _counts(length, density, mean_span)
@@ -129,11 +128,33 @@ class _Corrupt:
 
 
 @dataclasses.dataclass(frozen=True)
+class SpanOptions(CrossEntropyOptions):
+  """`config.task.*` of span corruption (defaults: Raffel et al. 2020, Table 7's best)."""
+
+  noise_density: float = 0.15  # fraction of each window's tokens dropped
+  mean_span_length: float = 3.0  # mean length of a dropped span, in tokens
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 0.0 < self.noise_density < 1.0:
+      fail("task.noise_density", self.noise_density, "must be in (0, 1)")
+    if not 1.0 <= self.mean_span_length < float("inf"):
+      fail("task.mean_span_length", self.mean_span_length, "must be a number >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
 class SpanCorruption(EncoderDecoderTask):
   name = "span_corruption"
   extra_vocab = NUM_SENTINELS
-  density: float = NOISE_DENSITY
-  mean_span: float = MEAN_SPAN
+  Options = SpanOptions
+
+  @property
+  def density(self) -> float:
+    return self.options.noise_density
+
+  @property
+  def mean_span(self) -> float:
+    return self.options.mean_span_length
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)

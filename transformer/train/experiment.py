@@ -7,13 +7,18 @@ annotation and running each block's rules, so a bad value ends in one `ValueErro
 naming the field before anything is built. Code past this boundary trusts the types.
 
   model       `ModelConfig` (vocab_size / num_classes 0 = taken from the data)
-  data        `DataConfig`; `data.kind` names the task (transformer/tasks)
+  data        `DataConfig`: what to read and how to shape it; `data.kind` names the task
+  task        the task's `Options` (`task_block(kind)`; the default is the lm task's:
+              label_smoothing, z_loss)
   optimizer   `OptimizerConfig`
   schedule    `ScheduleConfig`
   mesh        `MeshConfig`, mesh_rules: logical axis -> mesh axes
   wandb       `WandbConfig` (Weights & Biases tracking, off by default)
   (top level) the fields of `LoopConfig`, `CheckpointConfig`, `EvalConfig`, `EMAConfig`,
               `TelemetryConfig`, `FaultConfig` (train/guard/config.py)
+
+A field that has moved (`MOVED`) is refused in one line naming its new place
+(`eval/evaluate.load_config` moves it in a config saved before).
 """
 
 from __future__ import annotations
@@ -50,15 +55,13 @@ def _positive(block: Any, *names: str, minimum: int = 1) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-  """Steps, batch and loss of the training loop."""
+  """Steps and batch of the training loop."""
 
   seed: int = 0  # seeds parameters, dropout and the data order
   num_train_steps: int = 1000  # optimizer updates in the whole run
   batch_size: int = 32  # global batch (examples per update, all devices and micro-batches)
   seq_len: int = 128  # tokens per row (source length for seq2seq); ignored for images
   grad_accum_steps: int = 1  # micro-batches per update (batch_size must divide evenly)
-  label_smoothing: float = 0.0  # label smoothing epsilon of the cross-entropy
-  z_loss: float = 0.0  # coefficient of logsumexp(logits)^2 (PaLM z-loss); 0 = off
   parallelism: str = "jit"  # jit (mesh sharding, batch over 'data') or pmap (axis 'batch')
   log_every: int = 50  # steps between training-metric lines
   skip_nonfinite: bool = False  # skip (and count) updates with NaN/Inf instead of stopping
@@ -73,10 +76,6 @@ class LoopConfig:
     _positive(self, "num_train_steps", "batch_size", "seq_len", "grad_accum_steps", "log_every")
     if self.batch_size % self.grad_accum_steps:
       fail("grad_accum_steps", self.grad_accum_steps, f"must divide batch_size={self.batch_size}")
-    if not 0.0 <= self.label_smoothing < 1.0:
-      fail("label_smoothing", self.label_smoothing, "must be in [0, 1)")
-    if self.z_loss < 0:
-      fail("z_loss", self.z_loss, "must be >= 0")
     if self.parallelism not in PARALLELISM:
       fail("parallelism", self.parallelism, f"must be one of {', '.join(PARALLELISM)}")
 
@@ -200,6 +199,17 @@ class WandbConfig:
       fail("wandb.project", self.project, "must name a W&B project")
 
 
+# Old place -> new place of the fields that moved (for one-line refusals and `upgrade`).
+MOVED = {
+  "label_smoothing": "task.label_smoothing",
+  "z_loss": "task.z_loss",
+  "data.mask_rate": "task.mask_rate",
+  "data.whole_word_masking": "task.whole_word_masking",
+  "data.teacher": "task.teacher",
+  "data.distill_temperature": "task.temperature",
+  "data.distill_alpha": "task.alpha",
+}
+
 TOP_BLOCKS = (LoopConfig, CheckpointConfig, EvalConfig, EMAConfig, TelemetryConfig, FaultConfig)
 
 
@@ -239,12 +249,19 @@ def _block(cls) -> ml_collections.ConfigDict:
   return block
 
 
+def task_block(kind: str) -> ml_collections.ConfigDict:
+  """`config.task` for task `kind` (`data.kind`): its `Options`, every field at its default.
+  A config of another task sets `config.task = task_block(KIND)` before its fields."""
+  return _block(tasks.get(kind).Options)
+
+
 def default_config() -> ml_collections.ConfigDict:
   """Every field of an experiment at its default value."""
   config = ml_collections.ConfigDict()
   config.model = _block(ModelConfig)
   config.model.vocab_size = 0  # 0 = the tokenizer's vocabulary size
   config.data = _block(DataConfig)
+  config.task = task_block(DataConfig.kind)
   config.optimizer = _block(optimizer_lib.OptimizerConfig)
   config.schedule = _block(ScheduleConfig)
   config.mesh = _block(MeshConfig)
@@ -274,7 +291,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   `workdir`: the run's, where a pretrained `init_from` (hf:, bv:) recorded what its
   checkpoint decides (`pretrained.RECORD`); read there instead of the checkpoint.
   """
-  nested = ("model", "data", "optimizer", "schedule", "mesh", "mesh_rules", "wandb")
+  nested = ("model", "data", "task", "optimizer", "schedule", "mesh", "mesh_rules", "wandb")
+  _refuse_moved(config)
   flat = {k: v for k, v in config.items() if k not in nested}
   known = top_level_fields()
   for name in flat:
@@ -304,9 +322,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
       pretrained, model_fields, data_fields, as_dict(defaults.model), as_dict(defaults.data)
     )
   data = convert(DataConfig, data_fields, "data.")
-  task = tasks.get(data.kind).create(data, loop.seq_len)
-  # The loss settings travel with the task (its default cross-entropy reads them).
-  task = dataclasses.replace(task, label_smoothing=loop.label_smoothing, z_loss=loop.z_loss)
+  options = convert(tasks.get(data.kind).Options, as_dict(config.get("task", {})), "task.")
+  task = tasks.create(data, loop.seq_len, options)
   vocab_from_data = model_fields.get("vocab_size") == 0
   if vocab_from_data:
     model_fields["vocab_size"] = 1  # validated with a stand-in; `finalize_model` fills it
@@ -353,6 +370,15 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
     wandb=wandb,
     faults=faults,
   )
+
+
+def _refuse_moved(config: ml_collections.ConfigDict) -> None:
+  """One line for the first field the config sets at its old place, naming the new one."""
+  for old, new in MOVED.items():
+    block, _, name = old.rpartition(".")
+    values = config.get(block, {}) if block else config
+    if name in values:
+      fail(old, values[name], f"has moved: set config.{new}")
 
 
 def finalize_model(exp: Experiment, vocab_size: int, num_classes: int) -> ModelConfig:

@@ -130,7 +130,7 @@ def load_trained(source: str) -> tuple[ModelConfig, Any]:
   if found is not None and found[0] is sources.HF:
     config, variables = hf.load(found[1])
     return config, variables["params"]
-  params = finetune.restore_run(source, field="data.teacher")[1]
+  params = finetune.restore_run(source, field="task.teacher")[1]
   return load_model_config(source), params
 
 
