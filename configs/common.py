@@ -272,7 +272,7 @@ def shakespeare_finetune_run(config: ConfigDict) -> None:
   clipped_cosine(config, 20, 0.1)
   config.update(num_train_steps=200, batch_size=8, seq_len=64, log_every=20)
   evaluate_and_checkpoint(config, 100, batches=20)
-  config.sample_tokens = 32
+  config.evaluate.sample.max_new_tokens = 32
 
 
 def testament_classification(config: ConfigDict) -> None:

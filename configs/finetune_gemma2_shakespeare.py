@@ -41,5 +41,5 @@ def get_config(arg=None):
   config.optimizer.weight_decay = 0.1
   config.schedule.learning_rate = 1e-3  # for the tiny random Gemma 2
   common.shakespeare_finetune_run(config)
-  config.sample_prompt = "ROMEO:"
+  config.evaluate.sample.prompts = ("ROMEO:",)
   return config

@@ -59,6 +59,6 @@ def get_config(arg=None):
   config.seq_len = 96  # tokens per row, source and target
   config.log_every = 100
   common.evaluate_and_checkpoint(config, 400)  # test loss on the whole test split
-  config.bleu_every = 800  # BLEU at the end only
-  config.bleu_beam_size = 1  # greedy decoding
+  config.evaluate.bleu.every = 800  # BLEU at the end only
+  config.evaluate.bleu.beam_size = 1  # greedy decoding
   return config

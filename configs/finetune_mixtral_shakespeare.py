@@ -41,5 +41,6 @@ def get_config(arg=None):
   config.optimizer.weight_decay = 0.1
   config.schedule.learning_rate = 1e-3  # for the tiny random Mixtral
   common.shakespeare_finetune_run(config)
-  config.sample_prompt = "ROMEO:"  # SentencePiece encodes the default '\n' to no token
+  # SentencePiece encodes the default prompt, '\n', to no token.
+  config.evaluate.sample.prompts = ("ROMEO:",)
   return config

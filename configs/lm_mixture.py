@@ -36,5 +36,5 @@ def get_config(arg=None):
   verses = {"name": "verses", "source": "labelled", "path": common.BIBLE_TSV,
             "text_column": "en", "label_column": "testament"}  # fmt: skip
   d.mixture = ((plays, 0.7), (verses, 0.3))
-  config.sample_tokens = 0  # two kinds of text: no one sample prompt fits both
+  config.evaluate.sample.max_new_tokens = 0  # two kinds of text: no one prompt fits both
   return config

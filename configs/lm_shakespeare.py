@@ -42,7 +42,8 @@ def get_config(arg=None):
   config.seq_len = 64  # the model's whole context
   config.log_every = 100
   common.evaluate_and_checkpoint(config, 400)  # the whole validation split (111,538 characters)
-  config.sample_tokens = 63  # characters sampled at the end (fills the 64-character context)
+  # Characters sampled at the end (they fill the 64-character context).
+  config.evaluate.sample.max_new_tokens = 63
   return config
 
 

@@ -53,5 +53,5 @@ def get_config(arg=None):
   config.eval_every = 250  # eval_interval
   config.eval_batches = 0  # the whole validation split
   config.checkpoint_every = 2000  # one checkpoint, at the end
-  config.sample_tokens = 63  # characters sampled at the end
+  config.evaluate.sample.max_new_tokens = 63  # characters sampled at the end
   return config

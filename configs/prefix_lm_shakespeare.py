@@ -33,5 +33,6 @@ def get_config(arg=None):
   config.seq_len = 64  # the model's whole context
   config.log_every = 100
   common.evaluate_and_checkpoint(config, 500)  # the whole validation split
-  config.sample_tokens = 0  # no sample: the task offers no plain-causal continuation
+  # No sample: the task offers no plain-causal continuation.
+  config.evaluate.sample.max_new_tokens = 0
   return config

@@ -50,7 +50,7 @@ def get_config(arg="base"):
   config.batch_size = 128  # rows of 256 tokens (~25k source + target tokens per batch)
   config.seq_len = 256  # source and target row length
   common.evaluate_and_checkpoint(config, 5000)  # the whole of newstest2014 (3,003 pairs)
-  config.bleu_every = 10_000  # corpus BLEU on the test split (and at the end)
-  config.bleu_beam_size = 4  # paper 6.1: beam 4, length penalty 0.6
+  config.evaluate.bleu.every = 10_000  # corpus BLEU on the test split (and at the end)
+  config.evaluate.bleu.beam_size = 4  # paper 6.1: beam 4, length penalty 0.6
   config.best_metric = ""  # no model selection on the test split: keep the last checkpoints
   return config

@@ -59,13 +59,13 @@ def get_config(arg=None):
   config.seq_len = 96  # tokens per row, source and target (3 of 1,574 test pairs are longer)
   config.log_every = 250
   common.evaluate_and_checkpoint(config, 1000)  # test loss on the whole test split
-  config.bleu_every = 4000  # BLEU at the end only (40 s of beam search here)
-  config.bleu_beam_size = 4  # beam search (length penalty alpha 0.6)
+  config.evaluate.bleu.every = 4000  # BLEU at the end only (40 s of beam search here)
+  config.evaluate.bleu.beam_size = 4  # beam search (length penalty alpha 0.6)
   if arg == "long":  # the 45-minute budget: a wider model for twice the epochs
     m.d_model = 192  # 4 heads of 48
     m.d_ff = 768  # 4 * d_model
     config.schedule.warmup_steps = 300
     config.num_train_steps = 8000  # about ten epochs
     common.evaluate_and_checkpoint(config, 2000)
-    config.bleu_every = 8000  # BLEU at the end only
+    config.evaluate.bleu.every = 8000  # BLEU at the end only
   return config

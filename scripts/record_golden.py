@@ -86,12 +86,10 @@ def golden_config(name: str, steps: int):
     "eval_every": 0,  # no evaluation before the end
     "eval_batches": EVAL_BATCHES,  # the end: a fixed slice of the evaluation split
     "checkpoint_every": steps,  # no checkpoint before the end (the end always writes one)
-    "sample_tokens": 0,  # LM: no sample after training (sampling is not a loss)
-    "bleu_every": 0,  # seq2seq: no BLEU decoding (minutes on a CPU)
+    "evaluate.sample.max_new_tokens": 0,  # LM: no sample after training (not a loss)
+    "evaluate.bleu.every": 0,  # seq2seq: no BLEU decoding (minutes on a CPU)
   }
-  for key, value in overrides.items():
-    block, _, field = key.rpartition(".")
-    (config[block] if block else config)[field] = value
+  config.update_from_flattened_dict(overrides)
   return config, overrides
 
 

@@ -22,7 +22,7 @@ from session_env import PATIENCE_S
 
 from transformer import tasks
 from transformer.nn.config import ModelConfig
-from transformer.train import experiment
+from transformer.train import experiment, moved_fields
 
 _BASE = experiment.default_config().to_dict()
 _NAN, _INF = float("nan"), float("inf")
@@ -31,13 +31,19 @@ _NAN, _INF = float("nan"), float("inf")
 _OUT_OF_RANGE = {
   **{f: [0, -1] for f in ("num_train_steps", "batch_size", "seq_len", "grad_accum_steps")},
   **{f: [0, -3] for f in ("log_every", "checkpoint_every", "keep_checkpoints")},
-  **{f: [-1] for f in ("eval_every", "eval_batches", "sample_tokens", "bleu_every")},
-  "bleu_beam_size": [-1],
+  **{f: [-1] for f in ("eval_every", "eval_batches")},
+  "evaluate.sample.max_new_tokens": [-1],
+  "evaluate.sample.temperature": [-1.0, -_INF, _NAN],
+  "evaluate.sample.top_p": [0.0, 1.5, _NAN],
+  "evaluate.sample.num_samples": [0],
+  "evaluate.sample.past_context": ["bogus"],
+  "evaluate.bleu.every": [-1],
+  "evaluate.bleu.beam_size": [0, -1],
+  **{f"evaluate.harness.{f}": [-1] for f in ("every", "limit", "num_fewshot")},
   "task.label_smoothing": [-0.1, 1.0, 7.5, _NAN, _INF],
   "task.z_loss": [-1e-4, -_INF, _INF],
   "parallelism": ["pjit", ""],
   "best_mode": ["lowest"],
-  "sample_temperature": [0.0, -1.0, -_INF],
   "preemption_grace_seconds": [0.0, -5.0, _NAN, -_INF],
   "distributed_timeout_s": [0, -1],
   **{f"model.{f}": [0, -1] for f in ("d_model", "num_heads", "num_layers", "d_ff", "max_len")},
@@ -131,12 +137,19 @@ def _loop_and_model_types() -> dict[str, type]:
 _TYPES = _loop_and_model_types()
 
 
+def _block(values: dict, path: str) -> dict:
+  """The block at dotted `path` ('' = the top level, 'evaluate.sample') of `values`."""
+  for key in filter(None, path.split(".")):
+    values = values[key]
+  return values
+
+
 def _with(changes: dict) -> ml_collections.ConfigDict:
   """The default config with `changes` ({'a.b': value}) applied without type checks."""
   values = copy.deepcopy(_BASE)
   for key, value in changes.items():
     block, _, name = key.rpartition(".")
-    (values[block] if block else values)[name] = value
+    _block(values, block)[name] = value
   return ml_collections.ConfigDict(values, type_safe=False)
 
 
@@ -152,10 +165,13 @@ def _malformed(draw):
     return {key: draw(st.sampled_from(_WRONG_TYPE[_TYPES[key]]))}, [key.rpartition(".")[2]]
   if kind == "unknown":
     block = draw(
-      st.sampled_from(["", "model.", "data.", "task.", "optimizer.", "schedule.", "mesh."])
+      st.sampled_from(
+        ["", "model.", "data.", "task.", "evaluate.", "evaluate.bleu.", "optimizer.", "schedule."]
+        + ["mesh."]
+      )
     )
     name = draw(st.from_regex(r"[a-z][a-z_]{2,12}", fullmatch=True))
-    assume_new = name not in (_BASE[block[:-1]] if block else _BASE)
+    assume_new = name not in _block(_BASE, block)
     key = f"{block}{name}" if assume_new else f"{block}{name}_x"
     return {key: draw(st.sampled_from([1, "x", 0.5, True]))}, [key.rpartition(".")[2]]
   changes, name = draw(st.sampled_from(_INCOMPATIBLE))
@@ -207,7 +223,7 @@ def test_every_listed_bad_value_fails_in_one_line_naming_the_field():
     pytest.param({"data.num_workers": "7"}, id="data.num_workers=str-unnamed"),
     pytest.param({"model.num_kv_heads": True}, id="model.num_kv_heads=bool-accepted"),
     pytest.param({"task.z_loss": _NAN}, id="z_loss=nan-accepted"),
-    pytest.param({"sample_temperature": _NAN}, id="sample_temperature=nan-accepted"),
+    pytest.param({"evaluate.sample.temperature": _NAN}, id="temperature=nan-accepted"),
     pytest.param({"batch_size": {"a": 1}}, id="batch_size=dict-two-lines"),
   ],
 )
@@ -218,7 +234,7 @@ def test_known_validation_gaps(changes):
   assert "\n" not in str(error.value) and key.rpartition(".")[2] in str(error.value)
 
 
-@pytest.mark.parametrize(("old", "new"), sorted(experiment.MOVED.items()))
+@pytest.mark.parametrize(("old", "new"), sorted(moved_fields.MOVED.items()))
 def test_a_field_set_at_its_old_place_names_its_new_one(old, new):
   with pytest.raises(ValueError) as error:
     experiment.validate(_with({old: 0.5}))
@@ -247,13 +263,15 @@ def test_the_task_block_is_checked_against_the_options_of_the_configs_task(chang
 _OVERRIDE_VALUES = ["abc", "-1", "0", "1.5", "nan", "-inf", "1e400", "maybe", "", "9" * 20]
 
 
-def _override_fields() -> list[str]:
+def _override_fields(block=None, prefix: str = "") -> list[str]:
+  """Every field of the tiny config, dotted ('evaluate.sample.max_new_tokens')."""
   fields = []
-  for key, value in tiny_lm_config_file.get_config().items():
+  block = tiny_lm_config_file.get_config() if block is None else block
+  for key, value in block.items():
     if isinstance(value, ml_collections.ConfigDict):
-      fields += [f"{key}.{k}" for k in value.keys()]
+      fields += _override_fields(value, f"{prefix}{key}.")
     else:
-      fields.append(key)
+      fields.append(f"{prefix}{key}")
   return sorted(fields)
 
 

@@ -167,7 +167,7 @@ def test_evaluation_and_final_sample_compile_in_a_background_thread(tmp_path):
   from jax._src import dispatch
 
   config = tiny_lm_config.get_config()
-  config.sample_tokens = 8  # a final sample
+  config.evaluate.sample.max_new_tokens = 8  # a final sample
   config.eval_every = 3  # an evaluation during training, and one at the end
   config.compilation_cache_dir = ""
   phase, compiled = ["start"], []

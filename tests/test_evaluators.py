@@ -12,26 +12,27 @@ import pytest
 import tiny_lm_config
 
 from transformer import evaluators, tasks
+from transformer.data.config import fail
 from transformer.data.tokenizers import CharTokenizer
-from transformer.evaluators import EVALUATORS, EvalOptions, TrainingOptions
-from transformer.evaluators.bleu import Bleu
+from transformer.evaluators import EVALUATORS
+from transformer.evaluators.bleu import Bleu, BleuOptions
 from transformer.evaluators.confusion import Confusion
 from transformer.evaluators.harness import Harness
-from transformer.evaluators.sample import Sample
+from transformer.evaluators.sample import Sample, SampleOptions
 from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.train import experiment
 
 
-def _lm(**top):
+def _lm(**fields):
+  """The tiny LM config with `fields` ({'a.b': value}) set."""
   config = tiny_lm_config.get_config()
-  for name, value in top.items():
-    config[name] = value
+  config.update_from_flattened_dict(fields)
   return config
 
 
-def _seq2seq(**top):
-  config = _lm(**top)
+def _seq2seq(**fields):
+  config = _lm(**fields)
   config.model.family = "seq2seq"
   config.data.kind = "seq2seq"
   config.data.source = "pairs"
@@ -106,10 +107,12 @@ def test_an_empty_choice_means_the_tasks_own_and_a_named_one_is_kept():
     ),
     (
       _lm(evaluators=("harness",)),
-      "config.harness_tasks=(): names no task; the 'harness' evaluator needs one or more",
+      "config.evaluate.harness.tasks=(): names no task; the 'harness' evaluator needs one or more",
     ),
     (
-      _seq2seq(evaluators=("harness",), harness_tasks=("shakespeare_continuation",)),
+      _seq2seq(
+        evaluators=("harness",), **{"evaluate.harness.tasks": ("shakespeare_continuation",)}
+      ),
       "config.evaluators=('harness',): 'harness' cannot run on data.kind 'seq2seq': needs a task "
       "whose model continues text (a language model)",
     ),
@@ -121,84 +124,132 @@ def test_an_evaluator_the_run_cannot_use_is_refused_in_one_line(config, message)
   assert str(error.value) == message
 
 
-def test_training_settings_come_from_the_config_fields():
-  options = experiment.validate(_seq2seq(bleu_every=4, bleu_beam_size=3)).eval.training_options(7)
-  assert options == TrainingOptions(4, 3, "", 0, 0.8, seed=7)
-  (bleu,) = evaluators.for_training((), tasks.get("seq2seq")(), options)
+def test_training_settings_come_from_the_config_evaluate_block():
+  config = _seq2seq(**{"evaluate.bleu.every": 4, "evaluate.bleu.beam_size": 3})
+  exp = experiment.validate(config)
+  assert exp.evaluate["bleu"] == BleuOptions(every=4, beam_size=3)
+  (bleu,) = evaluators.for_training((), exp.task, exp.evaluate, 7)
   assert bleu == Bleu(every=4, method="beam", beam_size=3)
   assert [d for d in range(1, 11) if bleu.due(d, 10)] == [4, 8, 10]  # and after the last
   assert not bleu.at_end
-  greedy = Bleu.for_training(tasks.get("seq2seq")(), TrainingOptions(bleu_every=0))
+  greedy = Bleu.for_training(tasks.get("seq2seq")(), BleuOptions(), 0)
   assert (greedy.method, greedy.beam_size, greedy.due(10, 10)) == ("greedy", 1, False)
 
 
-def test_the_lm_sample_runs_at_the_end_unless_sample_tokens_is_zero():
+def test_the_lm_sample_runs_at_the_end_unless_max_new_tokens_is_zero():
   lm = tasks.get("lm")()
-  options = TrainingOptions(sample_prompt="", sample_tokens=50, sample_temperature=0.5, seed=3)
-  (sample,) = evaluators.for_training((), lm, options)
+  options = {"sample": SampleOptions(max_new_tokens=50, temperature=0.5, top_k=3)}
+  (sample,) = evaluators.for_training((), lm, options, 3)
   assert sample.at_end and not sample.due(6, 6)
-  assert (sample.prompts, sample.max_new_tokens, sample.temperature) == (("\n",), 50, 0.5)
+  assert sample.options == SampleOptions(prompts=("\n",), max_new_tokens=50, temperature=0.5,
+                                         top_k=3)  # fmt: skip
   assert sample.sampling().temperature == 0.5 and sample.seed == 3
-  (off,) = evaluators.for_training((), lm, dataclasses.replace(options, sample_tokens=0))
-  assert not off.at_end
+  off = {"sample": SampleOptions(max_new_tokens=0)}
+  assert not evaluators.for_training((), lm, off, 3)[0].at_end
+
+
+@pytest.mark.parametrize(
+  ("changes", "message"),
+  [
+    (
+      {"evaluate.sample.prompts": ("a", "b")},
+      "config.evaluate.sample.prompts=('a', 'b'): training samples one prompt at the end",
+    ),
+    (
+      {"evaluate.sample.num_samples": 2},
+      "config.evaluate.sample.num_samples=2: is eval.py's, not training's",
+    ),
+    ({"evaluate.sample.top_p": 0.0}, "config.evaluate.sample.top_p=0.0: must be in (0, 1]"),
+    (
+      {"evaluate.sample.temperature": -1.0},
+      "config.evaluate.sample.temperature=-1.0: must be >= 0",
+    ),
+    (
+      {"evaluate.sample.tokens": 5},
+      "config.evaluate.sample.tokens=5: unknown field; known: "
+      "max_new_tokens, num_samples, past_context, prompts, temperature, top_k, top_p",
+    ),
+    ({"evaluate.bleu.beam_size": 0}, "config.evaluate.bleu.beam_size=0: must be >= 1"),
+  ],
+)
+def test_a_bad_evaluator_setting_is_refused_in_one_line_naming_it(changes, message):
+  with pytest.raises(ValueError) as error:
+    experiment.validate(_lm(**changes))
+  assert str(error.value) == message
 
 
 def test_eval_options_configure_the_eval_time_evaluators():
-  options = EvalOptions(prompts=("ROMEO:",), num_samples=2, temperature=0.7, top_k=5,
-                        bleu_method="greedy", beam_size=2)  # fmt: skip
+  sample_options = SampleOptions(prompts=("ROMEO:",), num_samples=2, temperature=0.7, top_k=5)
+  options = {"sample": sample_options, "bleu": BleuOptions(beam_size=1)}
   (sample,) = evaluators.for_eval((), tasks.get("lm")(), options)
-  assert (sample.prompts, sample.num_samples, sample.top_k, sample.at_end) == (
-    ("ROMEO:",), 2, 5, False
-  )  # fmt: skip
-  (bleu,) = evaluators.for_eval(
-    (), tasks.get("seq2seq")(), dataclasses.replace(options, prompts=())
-  )
-  assert (bleu.method, bleu.beam_size, bleu.every) == ("greedy", 2, 0)
-  (confusion,) = evaluators.for_eval((), tasks.get("image")(), EvalOptions())
+  assert (sample.options, sample.at_end) == (sample_options, False)
+  (bleu,) = evaluators.for_eval((), tasks.get("seq2seq")(), {"bleu": BleuOptions(beam_size=2)})
+  assert (bleu.method, bleu.beam_size, bleu.every) == ("beam", 2, 0)
+  (confusion,) = evaluators.for_eval((), tasks.get("image")(), {})
   assert isinstance(confusion, Confusion) and confusion.forward is not None
 
 
 def test_a_prompt_for_a_run_without_the_sample_evaluator_is_refused():
+  options = {"sample": SampleOptions(prompts=("x",))}
   with pytest.raises(ValueError, match="^--prompt is for language models; this run trains 'mlm'$"):
-    evaluators.for_eval((), tasks.get("mlm")(), EvalOptions(prompts=("x",)))
+    evaluators.for_eval((), tasks.get("mlm")(), options)
 
 
 def test_bad_prompts_fail_in_check_before_any_evaluation_work():
   tok = CharTokenizer.train(["And God said"])
   model = ModelConfig(family="decoder", vocab_size=tok.vocab_size, max_len=32)
-  Sample(prompts=("And God",), max_new_tokens=8).check(model, tok)
+
+  def sample(prompt, **options):
+    return Sample(options=SampleOptions(prompts=(prompt,), **options))
+
+  sample("And God", max_new_tokens=8).check(model, tok)
   with pytest.raises(ValueError, match="outside the vocabulary"):
-    Sample(prompts=("And€",), max_new_tokens=8).check(model, tok)
+    sample("And€", max_new_tokens=8).check(model, tok)
   with pytest.raises(ValueError, match="fills the model's context"):
-    Sample(prompts=("And God said" * 3,), max_new_tokens=8).check(model, tok)
-  Sample(prompts=("And God said" * 3,), past_context="slide").check(model, tok)  # no limit
+    sample("And God said" * 3, max_new_tokens=8).check(model, tok)
+  sample("And God said" * 3, past_context="slide").check(model, tok)  # no limit
 
 
-def test_a_new_evaluator_is_one_class_and_one_registry_entry(monkeypatch):
+def test_a_new_evaluator_with_an_option_is_one_class_and_one_registry_entry(monkeypatch):
+  @dataclasses.dataclass(frozen=True)
+  class CountOptions:
+    rows: int = 1  # config.evaluate.count.rows
+
+    def __post_init__(self):
+      if self.rows < 1:
+        fail("evaluate.count.rows", self.rows, "must be >= 1")
+
   @dataclasses.dataclass(frozen=True)
   class Count(evaluators.Evaluator):
     name = "count"
+    Options = CountOptions
+    rows: int = 1
 
     @classmethod
     def unsupported(cls, task):
       return None
 
     @classmethod
-    def for_training(cls, task, options):
-      return cls(every=2)
+    def for_training(cls, task, options, seed):
+      return cls(every=2, rows=options.rows)
 
     @classmethod
     def for_eval(cls, task, options):
-      return cls()
+      return cls(rows=options.rows)
 
     def run(self, run):
-      return {"rows": 1.0}
+      return {"rows": float(self.rows)}
 
   monkeypatch.setitem(EVALUATORS, "count", Count)
-  exp = experiment.validate(_lm(evaluators=("sample", "count")))
-  chosen = evaluators.for_training(exp.eval.evaluators, exp.task, TrainingOptions())
+  # The registry entry gives the config its block, config.evaluate.count.
+  config = _lm(**{"evaluators": ("sample", "count"), "evaluate.count.rows": 3})
+  exp = experiment.validate(config)
+  chosen = evaluators.for_training(exp.eval.evaluators, exp.task, exp.evaluate, exp.loop.seed)
   assert [type(e) for e in chosen] == [Sample, Count]
-  assert chosen[1].due(2, 6) and chosen[1].run(None) == {"rows": 1.0}
+  assert chosen[1].due(2, 6) and chosen[1].run(None) == {"rows": 3.0}
+  config.evaluate.count.rows = 0
+  with pytest.raises(ValueError, match=r"^config.evaluate.count.rows=0: must be >= 1$"):
+    experiment.validate(config)
 
 
 def test_the_confusion_matrix_counts_the_models_predictions_of_the_valid_rows(tmp_path):
@@ -217,7 +268,7 @@ def test_the_confusion_matrix_counts_the_models_predictions_of_the_valid_rows(tm
                       **task.init_args(batch)[1])["params"]  # fmt: skip
   info = types.SimpleNamespace(label_names=("a", "b", "c"))
   run = tasks.Run(model, params, info, lambda: iter([batch]), 0, str(tmp_path), 5)
-  (confusion,) = evaluators.for_eval((), task, EvalOptions())
+  (confusion,) = evaluators.for_eval((), task, {})
   result = confusion.run(run)
   logits = task.apply(model, {"params": params}, batch)[0]  # [B, C]
   predicted = np.argmax(np.asarray(logits), axis=-1)

@@ -221,7 +221,9 @@ def test_moe_and_gemma_lms_start_from_the_checkpoint(family, hf_dirs, tmp_path, 
 
 
 def test_t5_translation_keeps_t5s_ids(hf_dirs, tmp_path, caplog):
-  metrics, batch, s, kept = _fine_tune("t5", hf_dirs["t5"], tmp_path, caplog, bleu_every=2)
+  metrics, batch, s, kept = _fine_tune(
+    "t5", hf_dirs["t5"], tmp_path, caplog, **{"evaluate.bleu.every": 2}
+  )
   copied, total = _copied(caplog)
   assert not kept and copied == total == len(jax.tree.leaves(s.state.params))
   assert 0.0 <= metrics["bleu"] <= 100.0  # greedy decoding to T5's EOS, at the end
@@ -286,7 +288,9 @@ def _hf_marian_loss(hf_dir: Path, batch) -> float:
 
 def test_marian_translation_is_transformers_on_marians_ids(hf_dirs, tmp_path, caplog):
   hf_dir = hf_dirs["marian"]
-  metrics, batch, s, kept = _fine_tune("marian", hf_dir, tmp_path, caplog, bleu_every=2)
+  metrics, batch, s, kept = _fine_tune(
+    "marian", hf_dir, tmp_path, caplog, **{"evaluate.bleu.every": 2}
+  )
   copied, total = _copied(caplog)
   assert not kept and copied == total == len(jax.tree.leaves(s.state.params))
   assert 0.0 <= metrics["bleu"] <= 100.0  # greedy decoding to our EOS, at the end

@@ -25,7 +25,7 @@ from test_recipes import make_tiny_hf, tiny
 from transformer import convert
 from transformer.convert import tokenizers as pretrained
 from transformer.eval.evaluate import evaluate
-from transformer.evaluators import EvalOptions
+from transformer.evaluators.sample import SampleOptions
 from transformer.tasks import losses
 from transformer.train import experiment, setup
 from transformer.train import loop as train_lib
@@ -199,8 +199,9 @@ def test_the_run_resumes_and_evaluates_once_the_directory_is_gone(trained, tmp_p
   assert np.isfinite(metrics["loss"])
   lines = [json.loads(x) for x in Path(workdir, "metrics.jsonl").read_text().splitlines()]
   assert [x["step"] for x in lines if x.get("split") == "train"] == [1, 2, 3]  # resumed at 2
-  result = evaluate(workdir, options=EvalOptions(max_new_tokens=4))
+  result = evaluate(workdir, options={"sample": SampleOptions(max_new_tokens=4)})
   assert result["step"] == 3 and np.isfinite(result["loss"]), result
-  chat = evaluate(workdir, options=EvalOptions(prompts=("ROMEO:",), max_new_tokens=4, chat=True))
+  prompt = {"sample": SampleOptions(prompts=("ROMEO:",), max_new_tokens=4)}
+  chat = evaluate(workdir, options=prompt, chat=True)
   (sample,) = chat["samples"]
   assert sample["prompt"] == "user: ROMEO:<|endoftext|>me:"  # the template, from the record

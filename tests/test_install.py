@@ -28,7 +28,8 @@ _NOT_SOURCE = (".git", ".venv", "runs", "build", "tmp", "*.egg-info", "__pycache
 TINY = (
   "--config.num_train_steps=1", "--config.batch_size=8", "--config.seq_len=16",
   "--config.log_every=1", "--config.eval_every=0", "--config.eval_batches=1",
-  "--config.checkpoint_every=1", "--config.sample_tokens=4", "--config.schedule.warmup_steps=0",
+  "--config.checkpoint_every=1", "--config.evaluate.sample.max_new_tokens=4",
+  "--config.schedule.warmup_steps=0",
   "--config.model.d_model=32", "--config.model.num_heads=2", "--config.model.num_layers=1",
   "--config.model.d_ff=64", "--config.model.max_len=16", "--config.data.eval_batch_size=8",
 )  # fmt: skip

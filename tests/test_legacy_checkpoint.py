@@ -51,13 +51,19 @@ def test_checkpoint_from_before_the_refactor_resumes_and_trains_on(tmp_path):
 
 def test_a_config_saved_before_fields_moved_loads_with_them_at_their_new_places(tmp_path):
   """`eval.py` reads a run's saved config.json: top-level `label_smoothing` and the MLM
-  options saved under `data` land in `config.task`; one the run's task does not take (an
-  LM run's `data.mask_rate`, which had no effect) is dropped."""
-  from transformer.eval.evaluate import load_config, upgrade
+  options saved under `data` land in `config.task`, the evaluators' top-level fields in
+  `config.evaluate`; a task option the run's task does not take (an LM run's
+  `data.mask_rate`, which had no effect) is dropped."""
+  from transformer.eval.evaluate import load_config
+  from transformer.train.moved_fields import upgrade
 
   legacy = load_config(FIXTURE)  # an LM run: label_smoothing 0.0 and data.mask_rate 0.15
   assert legacy.task.to_dict() == {"label_smoothing": 0.0, "z_loss": 0.0}
   assert "mask_rate" not in legacy.data and "label_smoothing" not in legacy
+  sample = legacy.evaluate.sample  # sample_prompt '', sample_tokens 0, sample_temperature 0.8
+  assert (sample.prompts, sample.max_new_tokens, sample.temperature) == ((), 0, 0.8)
+  assert legacy.evaluate.bleu.to_dict() == {"every": 0, "beam_size": 1}
+  assert "sample_tokens" not in legacy and "bleu_every" not in legacy
   with open(os.path.join(FIXTURE, "config.json")) as f:
     saved = json.load(f)
   saved["data"].update(kind="mlm", mask_rate=0.3, whole_word_masking=True)
@@ -67,3 +73,7 @@ def test_a_config_saved_before_fields_moved_loads_with_them_at_their_new_places(
   expected = {"label_smoothing": 0.1, "z_loss": 0.0, "mask_rate": 0.3, "whole_word_masking": True}
   assert task == expected
   assert upgrade(saved)["task"]["mask_rate"] == 0.3
+  saved.update(sample_prompt="ROMEO:", harness_tasks=["hellaswag"], harness_fewshot=2)
+  moved = upgrade(saved)["evaluate"]
+  assert moved["sample"]["prompts"] == ("ROMEO:",) and moved["harness"]["num_fewshot"] == 2
+  assert moved["harness"]["tasks"] == ["hellaswag"] and "sample_prompt" not in upgrade(saved)

@@ -133,9 +133,9 @@ def test_the_harness_evaluator_runs_during_training(tmp_path):
 
   config = tiny_lm_config(num_train_steps=4, eval_every=4, checkpoint_every=4)
   config.evaluators = ("sample", "harness")
-  config.harness_tasks = ("shakespeare_continuation",)
-  config.harness_every = 4
-  config.harness_limit = 4
+  config.evaluate.harness.tasks = ("shakespeare_continuation",)
+  config.evaluate.harness.every = 4
+  config.evaluate.harness.limit = 4
   train_lib.train_and_evaluate(config, str(tmp_path))
   logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   evals = [r for r in logged if r["split"] == "eval" and r["step"] == 4]
@@ -143,11 +143,13 @@ def test_the_harness_evaluator_runs_during_training(tmp_path):
   assert acc in (0.0, 0.25, 0.5, 0.75, 1.0) and math.isfinite(evals[-1]["loss"])
   results = json.loads((tmp_path / "lm_eval_step_4.json").read_text())
   assert results["results"]["shakespeare_continuation"]["acc,none"] == acc
-  config.harness_tasks = ("shakespeare_continuation", "no_such_task_anywhere")
+  config.evaluate.harness.tasks = ("shakespeare_continuation", "no_such_task_anywhere")
   with pytest.raises(ValueError) as info:  # before anything is built
     train_lib.train_and_evaluate(config, str(tmp_path / "bad"))
   assert "\n" not in str(info.value)
-  assert str(info.value).startswith("config.harness_tasks=('shakespeare_continuation', 'no_such")
+  assert str(info.value).startswith(
+    "config.evaluate.harness.tasks=('shakespeare_continuation', 'no_such"
+  )
   assert "['no_such_task_anywhere']: unknown; shipped: ['shakespeare_continuation']" in str(
     info.value
   )

@@ -53,7 +53,7 @@ TINY = {
 TASKS = {
   "seq2seq": (
     "configs/translate_en_es.py",
-    {"model.num_decoder_layers": 1, "bleu_every": 0, "mesh.data": 1, "mesh.fsdp": 2},
+    {"model.num_decoder_layers": 1, "evaluate.bleu.every": 0, "mesh.data": 1, "mesh.fsdp": 2},
   ),
   "mlm": ("configs/mlm_bible.py", {"mesh.data": 2}),
 }  # seq2seq: every parameter split over the two processes (FSDP); mlm: replicated

@@ -31,12 +31,12 @@ def test_race_runs_both_sides_and_prints_finite_rows():
   out = subprocess.run(
     [sys.executable, os.path.join(BENCHMARKS, "race.py"), "--quick", "--max-iters", "10",
      "--eval-interval", "5", "--our-steps", "10", "--our-eval-every", "5", "--target", "3.8",
-     "--override", "sample_tokens=0"],
+     "--override", "evaluate.sample.max_new_tokens=0"],
     capture_output=True, text=True, env=env, cwd=REPO, timeout=PATIENCE_S,
   )  # fmt: skip
   assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
   assert "ISA: " in out.stdout and "Caveat:" in out.stdout, out.stdout
-  assert "--config.sample_tokens=0" in out.stdout, out.stdout
+  assert "--config.evaluate.sample.max_new_tokens=0" in out.stdout, out.stdout
   rows = {}
   for line in out.stdout.splitlines():
     cells = [c.strip() for c in line.strip("|").split("|")]

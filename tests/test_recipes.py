@@ -111,7 +111,8 @@ def _get_config(stem: str, arg):
 
 
 def tiny(stem: str, **loop):
-  """The config of `stem` (default arg) shrunk to a two-step run on its own data."""
+  """The config of `stem` (default arg) shrunk to a two-step run on its own data, with the
+  fields `loop` names ('evaluate.bleu.every' too) set."""
   _, data, model = RECIPES[stem]
   config = _get_config(stem, RECIPES[stem][0][0])
   m = config.model
@@ -127,9 +128,10 @@ def tiny(stem: str, **loop):
   config.schedule.warmup_steps = 1
   config.update(
     batch_size=8, seq_len=16, grad_accum_steps=1, num_train_steps=2, log_every=1, eval_every=0,
-    eval_batches=1, checkpoint_every=2, sample_tokens=0, bleu_every=0, parallelism="jit",
+    eval_batches=1, checkpoint_every=2, parallelism="jit",
   )  # fmt: skip
-  config.update(loop)
+  no_decoding = {"evaluate.sample.max_new_tokens": 0, "evaluate.bleu.every": 0}
+  config.update_from_flattened_dict({**no_decoding, **loop})  # loop: {'a.b': value} too
   return config
 
 

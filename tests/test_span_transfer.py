@@ -100,11 +100,11 @@ def test_the_two_arms_differ_only_in_init_from_and_the_search_has_no_bleu():
   scratch = st.run_overrides("scratch", **args)
   assert set(fine) - set(scratch) == {"--config.init_from=/runs/span"}
   for flag in ("data.train_examples=2800", "data.tokenizer_from=/runs/span", "seed=1",
-               "bleu_every=1200", "schedule.warmup_steps=120"):  # fmt: skip
+               "evaluate.bleu.every=1200", "schedule.warmup_steps=120"):  # fmt: skip
     assert f"--config.{flag}" in scratch
   search = st.Settings(600, 5e-4, 600, "validation")
   searched = set(st.run_overrides("scratch", **args, settings=search))
-  assert {"--config.data.eval_split=validation", "--config.bleu_every=0"} <= searched
+  assert {"--config.data.eval_split=validation", "--config.evaluate.bleu.every=0"} <= searched
   with pytest.raises(ValueError, match="arm must be one of"):
     st.run_overrides("frozen", **args)
 

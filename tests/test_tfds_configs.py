@@ -21,7 +21,7 @@ from test_recipes import TFDS_CONFIGS, tiny
 
 from transformer.data import DataConfig, builders, features, sources
 from transformer.eval.evaluate import evaluate
-from transformer.evaluators import EvalOptions
+from transformer.evaluators.bleu import BleuOptions
 from transformer.train import loop as train_lib
 
 NUM_EXAMPLES = 24  # per split: three batches of 8
@@ -47,7 +47,7 @@ def test_tfds_config_trains_two_steps_on_mock_data(stem, tmp_path, mocked):
 
 
 def test_transformer_wmt_trains_and_scores_bleu_on_the_test_split(tmp_path, mocked, capsys):
-  config = tiny("transformer_wmt", eval_every=2, bleu_every=2)
+  config = tiny("transformer_wmt", eval_every=2, **{"evaluate.bleu.every": 2})
   assert config.data.path == "wmt14_translate/de-en" and config.data.eval_split == "test"
   metrics = train_lib.train_and_evaluate(config, str(tmp_path))
   assert math.isfinite(metrics["loss"]), metrics
@@ -55,7 +55,8 @@ def test_transformer_wmt_trains_and_scores_bleu_on_the_test_split(tmp_path, mock
   assert evals and all(0.0 <= m["bleu"] <= 100.0 for m in evals), evals
   logged = [line for line in capsys.readouterr().out.splitlines() if "sacrebleu" in line]
   assert logged and " on test " in logged[-1] and "nrefs:1|case:mixed" in logged[-1], logged
-  result = evaluate(str(tmp_path), options=EvalOptions(bleu_method="greedy"))  # eval.py's path
+  greedy = {"bleu": BleuOptions(beam_size=1)}
+  result = evaluate(str(tmp_path), options=greedy)  # eval.py's path
   assert result["split"] == "test" and result["bleu_signature"].startswith("nrefs:1|case:mixed")
   assert len(result["examples"]) == 5 and 0.0 <= result["bleu"] <= 100.0
 

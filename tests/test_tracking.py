@@ -56,7 +56,7 @@ def tracked(tmp_path_factory):
     "wandb.tags": ("tiny",),
     "profile_steps": (2, 3),
     "peak_flops": PEAK,
-    "sample_tokens": 8,
+    "evaluate.sample.max_new_tokens": 8,
   }
   out = {}
   with pytest.MonkeyPatch.context() as mp:

@@ -49,8 +49,8 @@ def tiny_lm_config(**loop):
     eval_every=3,
     eval_batches=2,
     checkpoint_every=3,
-    sample_tokens=0,
   )
+  config.evaluate.sample.max_new_tokens = 0
   config.update({**fields, **loop})
   return config
 

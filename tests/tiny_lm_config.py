@@ -29,7 +29,7 @@ def get_config(arg=None):
   config.eval_every = 0  # evaluate at the end only
   config.eval_batches = 2  # validation batches
   config.checkpoint_every = 3  # checkpoint interval
-  config.sample_tokens = 0  # no sample
+  config.evaluate.sample.max_new_tokens = 0  # no sample
   return config
 
 

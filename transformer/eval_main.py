@@ -18,25 +18,30 @@ sacrebleu (beam search by default); classifiers and ViT: accuracy and a confusio
 from absl import app, flags, logging
 
 from transformer.cli import apply_process_settings, errors_in_one_line, parse_flags
-from transformer.eval.evaluate import evaluate
-from transformer.evaluators import EvalOptions
+from transformer.eval.evaluate import EVAL_OPTIONS, evaluate
+from transformer.evaluators.bleu import BleuOptions
+from transformer.evaluators.sample import SampleOptions
+
+_SAMPLE, _BLEU = EVAL_OPTIONS["sample"], EVAL_OPTIONS["bleu"]  # the flags' defaults
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "training run directory")
 _CHECKPOINT = flags.DEFINE_integer("checkpoint", None, "step to evaluate (default: latest)")
 _EVAL_BATCHES = flags.DEFINE_integer("eval_batches", None, "batches (default: as in training)")
 _PROMPT = flags.DEFINE_multi_string("prompt", [], "LM: text to continue (repeatable)")
-_NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "LM: samples per prompt")
+_NUM_SAMPLES = flags.DEFINE_integer("num_samples", _SAMPLE.num_samples, "LM: samples per prompt")
 _CHAT = flags.DEFINE_bool("chat", False, "LM: each --prompt as a user turn of the chat template")
-_MAX_NEW = flags.DEFINE_integer("max_new_tokens", 200, "LM: tokens to sample")
+_MAX_NEW = flags.DEFINE_integer("max_new_tokens", _SAMPLE.max_new_tokens, "LM: tokens to sample")
 _PAST_CONTEXT = flags.DEFINE_enum(
-  "past_context", "cap", ["cap", "slide"],
+  "past_context", _SAMPLE.past_context, ["cap", "slide"],
   "LM: new tokens past the model's context: cap them (a note says so) or slide a window",
 )  # fmt: skip
-_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "LM: sampling temperature (0 = greedy)")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "LM: keep the k most likely tokens (0 = all)")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "LM: nucleus mass (1 = all)")
+_TEMPERATURE = flags.DEFINE_float(
+  "temperature", _SAMPLE.temperature, "LM: sampling temperature (0 = greedy)"
+)
+_TOP_K = flags.DEFINE_integer("top_k", _SAMPLE.top_k, "LM: keep the k most likely tokens (0 = all)")
+_TOP_P = flags.DEFINE_float("top_p", _SAMPLE.top_p, "LM: nucleus mass (1 = all)")
 _BLEU_METHOD = flags.DEFINE_enum("bleu_method", "beam", ["beam", "greedy"], "translation decoding")
-_BEAM_SIZE = flags.DEFINE_integer("beam_size", 4, "translation beam size")
+_BEAM_SIZE = flags.DEFINE_integer("beam_size", _BLEU.beam_size, "translation beam size")
 _EMA = flags.DEFINE_bool("ema", False, "evaluate the EMA of the parameters (runs with ema_decay)")
 _MERGE_LORA = flags.DEFINE_bool(
   "merge_lora", False, "decode with the LoRA adapters merged into the weights (lora_rank > 0)"
@@ -52,15 +57,15 @@ def _run():
     text = _PROMPT.value[0] if _PROMPT.value else None
     print(analysis.analyze(_WORKDIR.value, _CHECKPOINT.value, text=text)["markdown"])
     return
-  options = EvalOptions(
+  sample = SampleOptions(
     prompts=tuple(_PROMPT.value), num_samples=_NUM_SAMPLES.value, max_new_tokens=_MAX_NEW.value,
     temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-    bleu_method=_BLEU_METHOD.value, beam_size=_BEAM_SIZE.value,
-    past_context=_PAST_CONTEXT.value, chat=_CHAT.value,
+    past_context=_PAST_CONTEXT.value,
   )  # fmt: skip
-  result = evaluate(
-    _WORKDIR.value, _CHECKPOINT.value, _EVAL_BATCHES.value, options, _EMA.value, _MERGE_LORA.value
-  )
+  beam_size = _BEAM_SIZE.value if _BLEU_METHOD.value == "beam" else 1
+  options = {"sample": sample, "bleu": BleuOptions(beam_size=beam_size)}
+  result = evaluate(_WORKDIR.value, _CHECKPOINT.value, _EVAL_BATCHES.value, options, _EMA.value,
+                    _MERGE_LORA.value, _CHAT.value)  # fmt: skip
   scalars = {
     k: v for k, v in result.items() if isinstance(v, (int, float, str)) and k != "confusion_table"
   }

@@ -28,42 +28,30 @@ import jax
 import ml_collections
 from etils import epath
 
-from transformer import evaluators, tasks
-from transformer.data.config import DataConfig
+from transformer import evaluators
 from transformer.data.files import one_line, write_atomic
-from transformer.evaluators import EvalOptions
+from transformer.evaluators.bleu import BleuOptions
+from transformer.evaluators.sample import SampleOptions
 from transformer.nn import lora
 from transformer.nn.models import build_model
 from transformer.tasks import Run
 from transformer.train import checkpoints, experiment, setup
 from transformer.train.actions import ema_view
 from transformer.train.actions import evaluate as evaluate_loss
+from transformer.train.moved_fields import upgrade
 from transformer.train.workdir import absolute
 
 # Fields older runs saved that no longer exist (they were for tests only): ignored.
 RETIRED_FIELDS = ("debug_inject_nan_at_step", "debug_inject_nan_in")
 
-
-def upgrade(saved: dict[str, Any]) -> dict[str, Any]:
-  """A config saved (as JSON) before fields moved (`experiment.MOVED`), with each moved
-  field at its new place; one the run's task does not take (it had no effect) is dropped."""
-  saved = {k: dict(v) if isinstance(v, dict) else v for k, v in saved.items()}
-  kind = saved.get("data", {}).get("kind", DataConfig.kind)
-  options = {f.name for f in dataclasses.fields(tasks.get(kind).Options)}
-  for old, new in experiment.MOVED.items():
-    block, _, name = old.rpartition(".")
-    values = saved.get(block, {}) if block else saved
-    if name in values:
-      value = values.pop(name)
-      new_block, _, field = new.partition(".")
-      if new_block == "task" and field in options:
-        saved.setdefault("task", {})[field] = value
-  return saved
+# The evaluators' options from eval.py where they differ from training's: every sample
+# drawn at temperature 1, translations decoded with a beam of 4.
+EVAL_OPTIONS = {"sample": SampleOptions(temperature=1.0), "bleu": BleuOptions(beam_size=4)}
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
   """The experiment config a run saved as `config.json`, completed with today's defaults
-  (with fields that moved since at their new places: `upgrade`).
+  (with fields that moved since at their new places: `moved_fields.upgrade`).
 
   `workdir` is a local folder or an object-storage URL (`gs://...`)."""
   path = epath.Path(workdir) / "config.json"
@@ -79,10 +67,7 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   with config.unlocked():
     for block, values in saved.items():
       if isinstance(values, dict):
-        for key, value in values.items():
-          if key not in config[block]:
-            raise ValueError(f"{path}: unknown field {block}.{key}")
-          config[block][key] = tuple(value) if isinstance(value, list) else value
+        _fill(config[block], values, f"{path}: unknown field {block}.")
       elif block in RETIRED_FIELDS:
         continue
       elif block in config:
@@ -90,6 +75,17 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
       else:
         raise ValueError(f"{path}: unknown field {block}")
   return config
+
+
+def _fill(block: ml_collections.ConfigDict, values: dict[str, Any], unknown: str) -> None:
+  """Sets `block`'s fields from a saved block (nested blocks too; lists back to tuples)."""
+  for key, value in values.items():
+    if key not in block:
+      raise ValueError(f"{unknown}{key}")
+    if isinstance(value, dict):
+      _fill(block[key], value, f"{unknown}{key}.")
+    else:
+      block[key] = tuple(value) if isinstance(value, list) else value
 
 
 def restore(
@@ -127,27 +123,31 @@ def evaluate(
   workdir: str,
   step: int | None = None,
   eval_batches: int | None = None,
-  options: EvalOptions | None = None,
+  options: dict[str, Any] | None = None,
   ema: bool = False,
   merge_lora: bool = False,
+  chat: bool = False,
 ) -> dict[str, Any]:
   """Metrics of the checkpoint at `step` (default: latest) on the evaluation split.
 
+  `options`: evaluator name -> its `Options` (default: `EVAL_OPTIONS`, else its defaults).
   `ema`: of the EMA of the parameters instead of the parameters (a run with ema_decay).
   `merge_lora`: the evaluators run on the adapters merged into the weights.
+  `chat`: each sample prompt as a user turn of the pretrained tokenizer's chat template.
   """
-  options = options or EvalOptions()
+  options = EVAL_OPTIONS | (options or {})
   workdir = absolute(workdir)
   if merge_lora and not experiment.validate(load_config(workdir), workdir).model.lora_rank:
     raise ValueError(f"--merge_lora: the run in {workdir} has no LoRA adapters (lora_rank 0)")
   s, state, step = restore(workdir, step, ema)
   if ema:
     state = ema_view(state)
-  if options.chat:  # a pretrained tokenizer's chat template around each prompt
+  if chat:  # a pretrained tokenizer's chat template around each prompt
     if not hasattr(s.info.tokenizer, "chat_prompt"):
       raise ValueError(f"--chat: the run in {workdir} has no pretrained tokenizer (init_from hf:)")
-    prompts = tuple(s.info.tokenizer.chat_prompt(p) for p in options.prompts)
-    options = dataclasses.replace(options, prompts=prompts)
+    sample = options["sample"]
+    prompts = tuple(s.info.tokenizer.chat_prompt(p) for p in sample.prompts)
+    options = options | {"sample": dataclasses.replace(sample, prompts=prompts)}
   chosen = evaluators.for_eval(s.exp.eval.evaluators, s.exp.task, options)
   for evaluator in chosen:  # bad options fail before any evaluation work
     evaluator.check(s.model_cfg, s.info.tokenizer)

@@ -1,28 +1,33 @@
 """Evaluators: what a run measures beyond the loss, one module per kind, chosen by the config.
 
   sample     evaluators/sample.py     a text sample at the end of training; eval.py --prompt
-  bleu       evaluators/bleu.py       corpus BLEU every `bleu_every` updates and from eval.py
+  bleu       evaluators/bleu.py       corpus BLEU every `evaluate.bleu.every` updates and
+                                      from eval.py
   confusion  evaluators/confusion.py  a confusion matrix (table and PNG) from eval.py
-  harness    evaluators/harness.py    lm-evaluation-harness tasks every `harness_every`
-                                      updates (python -m transformer.lm_eval: of a workdir)
+  harness    evaluators/harness.py    lm-evaluation-harness tasks every
+                                      `evaluate.harness.every` updates (python -m
+                                      transformer.lm_eval: of a workdir)
 
 The config's `evaluators` names those a run uses; () = its task's own (`Task.evaluators`:
-lm and distill 'sample', seq2seq 'bleu', classification and image 'confusion'). `check`
-refuses, when the config is validated, an unknown name or one the task cannot run, in one
-line naming the field. `for_training` builds them for the training loop's `Evaluate`
-action (`train/actions.py`: the periodic ones and those at the end), `for_eval` for
-`eval.py` (`eval/evaluate.py`). The protocol is `base.Evaluator`: settings as fields,
-`run(run) -> metrics`.
+lm and distill 'sample', seq2seq 'bleu', classification and image 'confusion'). Each
+declares its settings once, as its `Options` dataclass: a run sets them as
+`config.evaluate.NAME.FIELD`, `eval.py` from its flags. `check` refuses, when the config is
+validated, an unknown name or one the task cannot run, in one line naming the field.
+`for_training` builds them for the training loop's `Evaluate` action (`train/actions.py`:
+the periodic ones and those at the end), `for_eval` for `eval.py` (`eval/evaluate.py`).
+The protocol is `base.Evaluator`: settings as fields, `run(run) -> metrics`.
 
-A new evaluator is one module with an `Evaluator` subclass plus one entry in `EVALUATORS`.
+A new evaluator is one module with an `Evaluator` subclass (and its `Options`, if it has
+any) plus one entry in `EVALUATORS`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from transformer.data.config import fail
-from transformer.evaluators.base import EvalOptions, Evaluator, TrainingOptions
+from transformer.evaluators.base import Evaluator, NoOptions
 from transformer.evaluators.bleu import Bleu
 from transformer.evaluators.confusion import Confusion
 from transformer.evaluators.harness import Harness
@@ -39,10 +44,16 @@ def names(configured: Sequence[str], task: Task) -> tuple[str, ...]:
   return tuple(configured) or task.evaluators
 
 
-def check(configured: Sequence[str], task: Task, options: TrainingOptions | None = None) -> None:
+def options(name: str, given: Mapping[str, Any]) -> Any:
+  """Evaluator `name`'s options: those `given` for it, else its `Options` at their defaults."""
+  return given.get(name) or EVALUATORS[name].Options()
+
+
+def check(configured: Sequence[str], task: Task, given: Mapping[str, Any] | None = None) -> None:
   """Raises `ValueError` in one line naming `config.evaluators` for an unknown or repeated
-  name, or an evaluator `task` cannot run; with `options`, naming the field of a setting
-  one of the run's evaluators cannot honour (`Evaluator.check_options`)."""
+  name, or an evaluator `task` cannot run; with `given` (evaluator name -> its options),
+  naming the field of a setting one of the run's evaluators cannot honour in training
+  (`Evaluator.check_options`)."""
   for name in configured:
     if name not in EVALUATORS:
       known = ", ".join(EVALUATORS)
@@ -53,34 +64,37 @@ def check(configured: Sequence[str], task: Task, options: TrainingOptions | None
       fail("evaluators", tuple(configured), rule)
   if len(set(configured)) < len(configured):
     fail("evaluators", tuple(configured), "names an evaluator twice")
-  if options is not None:
+  if given is not None:
     for name in names(configured, task):
-      EVALUATORS[name].check_options(options)
+      EVALUATORS[name].check_options(options(name, given))
 
 
 def for_training(
-  configured: Sequence[str], task: Task, options: TrainingOptions
+  configured: Sequence[str], task: Task, given: Mapping[str, Any], seed: int
 ) -> tuple[Evaluator, ...]:
-  """The run's evaluators as training configures them."""
-  return tuple(EVALUATORS[n].for_training(task, options) for n in names(configured, task))
-
-
-def for_eval(configured: Sequence[str], task: Task, options: EvalOptions) -> tuple[Evaluator, ...]:
-  """The run's evaluators as `eval.py`'s options configure them; `--prompt` is refused
-  where none of them samples text."""
+  """The run's evaluators as training configures them (`given`: name -> options)."""
   chosen = names(configured, task)
-  if options.prompts and Sample.name not in chosen:
+  return tuple(EVALUATORS[n].for_training(task, options(n, given), seed) for n in chosen)
+
+
+def for_eval(
+  configured: Sequence[str], task: Task, given: Mapping[str, Any]
+) -> tuple[Evaluator, ...]:
+  """The run's evaluators as `eval.py`'s options configure them (`given`: name -> options);
+  prompts are refused where none of them samples text."""
+  chosen = names(configured, task)
+  if options(Sample.name, given).prompts and Sample.name not in chosen:
     raise ValueError(f"--prompt is for language models; this run trains {task.name!r}")
-  return tuple(EVALUATORS[n].for_eval(task, options) for n in chosen)
+  return tuple(EVALUATORS[n].for_eval(task, options(n, given)) for n in chosen)
 
 
 __all__ = [
   "EVALUATORS",
-  "EvalOptions",
   "Evaluator",
-  "TrainingOptions",
+  "NoOptions",
   "check",
   "for_eval",
   "for_training",
   "names",
+  "options",
 ]

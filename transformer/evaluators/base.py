@@ -1,10 +1,14 @@
-"""The evaluator protocol, and the options training and `eval.py` configure evaluators with.
+"""The evaluator protocol: settings declared once, as the evaluator's `Options`.
 
 An evaluator measures what the loss does not (samples, BLEU, a confusion matrix):
 `run(run) -> metrics` on a `tasks.Run` (model, parameters, data info, evaluation batches,
 step), in the manner of big_vision's `evaluators/*.py` `run(train_state)`. Its settings
 say when it runs: every `every` updates during training (and after the last), once at the
 end of training (`at_end`), and from `eval.py` (always, with the options given there).
+
+Its options are one frozen dataclass, `Options`, declared in its module: a run sets them
+as `config.evaluate.NAME.FIELD` (validated with the config, a bad value named in one line),
+`eval.py` from its flags. `for_training` and `for_eval` build the evaluator from them.
 """
 
 from __future__ import annotations
@@ -15,50 +19,33 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from transformer.data.config import fail
 from transformer.data.tokenizers import EOS_ID, PAD_ID
 from transformer.nn.config import ModelConfig
 from transformer.tasks.base import Run, Task
 
 
 @dataclasses.dataclass(frozen=True)
-class TrainingOptions:
-  """What a training run asks of its evaluators (top-level config fields of the same name)."""
-
-  bleu_every: int = 0  # bleu: steps between BLEU evaluations (and at the end); 0 = never
-  bleu_beam_size: int = 1  # bleu: beam size of that decoding (1 = greedy)
-  sample_prompt: str = ""  # sample: text whose continuation is printed at the end
-  sample_tokens: int = 200  # sample: tokens sampled at the end (0 = no sample)
-  sample_temperature: float = 0.8  # sample: sampling temperature of the final sample
-  harness_tasks: tuple[str, ...] = ()  # harness: lm-eval task names
-  harness_every: int = 0  # harness: steps between runs (and at the end); 0 = at the end only
-  harness_limit: int = 0  # harness: documents per task (0 = all)
-  harness_fewshot: int = 0  # harness: examples in each prompt
-  seed: int = 0  # seeds the sampling
+class NoOptions:
+  """The options of an evaluator that has none."""
 
 
-@dataclasses.dataclass(frozen=True)
-class EvalOptions:
-  """What `eval.py` asks of a run beyond the loss metrics."""
-
-  prompts: tuple[str, ...] = ()  # sample: texts to continue
-  num_samples: int = 1  # sample: samples per prompt
-  max_new_tokens: int = 200  # sample: tokens to sample
-  past_context: str = "cap"  # sample: cap (new tokens fit the context) | slide (a moving window)
-  temperature: float = 1.0  # sample: sampling temperature
-  top_k: int = 0  # sample: keep the k most likely tokens (0 = all)
-  top_p: float = 1.0  # sample: nucleus mass (1 = all)
-  bleu_method: str = "beam"  # bleu: translation decoding, beam | greedy
-  beam_size: int = 4  # bleu: translation beam size
-  chat: bool = False  # sample: each prompt as a user message in the tokenizer's chat template
+def at_least(evaluator: str, options: Any, minimum: int | float, *names: str) -> None:
+  """One line naming `config.evaluate.EVALUATOR.FIELD` for the first of `names` below
+  `minimum` (a helper for the `__post_init__` of an evaluator's `Options`)."""
+  for name in names:
+    if not getattr(options, name) >= minimum:  # NaN too
+      fail(f"evaluate.{evaluator}.{name}", getattr(options, name), f"must be >= {minimum}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Evaluator(abc.ABC):
   """One kind of evaluation. Subclasses are frozen dataclasses whose fields are their
-  settings, built by `for_training` (from the run's config) or `for_eval` (from `eval.py`'s
-  options) for a task that `unsupported` accepts."""
+  settings, built from their `Options` by `for_training` (a run's `config.evaluate.NAME`)
+  or `for_eval` (`eval.py`'s flags) for a task that `unsupported` accepts."""
 
   name: ClassVar[str] = ""
+  Options: ClassVar[type] = NoOptions  # its settings: config.evaluate.NAME.FIELD
   every: int = 0  # training: updates between runs (and after the last); 0 = not periodic
   at_end: bool = False  # training: once after the last update, on the primary process
 
@@ -69,18 +56,19 @@ class Evaluator(abc.ABC):
 
   @classmethod
   @abc.abstractmethod
-  def for_training(cls, task: Task, options: TrainingOptions) -> Evaluator:
-    """The evaluator as a training run configures it."""
+  def for_training(cls, task: Task, options: Any, seed: int) -> Evaluator:
+    """The evaluator as a training run configures it (`options`: its `Options`; `seed`:
+    the run's, for what it draws)."""
 
   @classmethod
   @abc.abstractmethod
-  def for_eval(cls, task: Task, options: EvalOptions) -> Evaluator:
-    """The evaluator as `eval.py`'s options configure it."""
+  def for_eval(cls, task: Task, options: Any) -> Evaluator:
+    """The evaluator as `eval.py`'s options (its `Options`) configure it."""
 
   @classmethod
-  def check_options(cls, options: TrainingOptions) -> None:  # noqa: B027 (a hook)
-    """Refuses training settings it cannot run, when the config is validated (one line
-    naming the field; default: none)."""
+  def check_options(cls, options: Any) -> None:  # noqa: B027 (a hook)
+    """Refuses settings a training run cannot honour, when the config is validated (one
+    line naming `config.evaluate.NAME.FIELD`; default: none)."""
     del options
 
   def check(self, model: ModelConfig, tokenizer: Any) -> None:  # noqa: B027 (a hook)

@@ -1,4 +1,4 @@
-"""Corpus BLEU (sacrebleu) of translations: during training every `bleu_every` updates,
+"""Corpus BLEU (sacrebleu) of translations: during training every `evaluate.bleu.every` updates,
 and from `eval.py`.
 
 The decoded evaluation sources are scored against the raw target text of the evaluation
@@ -20,18 +20,31 @@ import numpy as np
 
 from transformer import decode
 from transformer.data.progress import progress
-from transformer.evaluators.base import EvalOptions, Evaluator, TrainingOptions, strip_ids
+from transformer.evaluators.base import Evaluator, at_least, strip_ids
 from transformer.tasks.base import Run, Task
 from transformer.tasks.seq2seq import eval_references
 
 
 @dataclasses.dataclass(frozen=True)
+class BleuOptions:
+  """config.evaluate.bleu.FIELD (eval.py: --beam_size, --bleu_method)."""
+
+  every: int = 0  # training: updates between BLEU evaluations (and after the last); 0 = never
+  beam_size: int = 1  # beam size of the decoding (1 = greedy)
+
+  def __post_init__(self):
+    at_least("bleu", self, 0, "every")
+    at_least("bleu", self, 1, "beam_size")
+
+
+@dataclasses.dataclass(frozen=True)
 class Bleu(Evaluator):
-  """In training: the score (metric 'bleu') every `bleu_every` updates that evaluate and
+  """In training: the score (metric 'bleu') every `every` updates that evaluate and
   after the last, with one console line; from `eval.py`: the score, sacrebleu's signature,
   the decoding method and five examples."""
 
   name = "bleu"
+  Options = BleuOptions
   method: str = "beam"  # beam | greedy
   beam_size: int = 4
 
@@ -42,16 +55,15 @@ class Bleu(Evaluator):
     return "needs source / target text pairs (a translation task)"
 
   @classmethod
-  def for_training(cls, task: Task, options: TrainingOptions) -> Bleu:
-    del task
-    beam = options.bleu_beam_size
-    return cls(every=options.bleu_every, method="beam" if beam > 1 else "greedy",
-               beam_size=max(beam, 1))  # fmt: skip
+  def for_training(cls, task: Task, options: BleuOptions, seed: int) -> Bleu:
+    del seed
+    return dataclasses.replace(cls.for_eval(task, options), every=options.every)
 
   @classmethod
-  def for_eval(cls, task: Task, options: EvalOptions) -> Bleu:
+  def for_eval(cls, task: Task, options: BleuOptions) -> Bleu:
     del task
-    return cls(method=options.bleu_method, beam_size=options.beam_size)
+    method = "beam" if options.beam_size > 1 else "greedy"
+    return cls(method=method, beam_size=options.beam_size)
 
   def run(self, run: Run) -> dict[str, Any]:
     result = corpus_bleu(

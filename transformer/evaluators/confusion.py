@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer.evaluators.base import EvalOptions, Evaluator, TrainingOptions
+from transformer.evaluators.base import Evaluator, NoOptions
 from transformer.tasks.base import Run, Task
 
 
@@ -29,12 +29,12 @@ class Confusion(Evaluator):
     return None if task.data_spec().labelled else "needs one class label per example (a classifier)"
 
   @classmethod
-  def for_training(cls, task: Task, options: TrainingOptions) -> Confusion:
-    del options  # eval.py only: neither periodic nor at the end
+  def for_training(cls, task: Task, options: NoOptions, seed: int) -> Confusion:
+    del options, seed  # eval.py only: neither periodic nor at the end
     return cls(forward=task.apply)
 
   @classmethod
-  def for_eval(cls, task: Task, options: EvalOptions) -> Confusion:
+  def for_eval(cls, task: Task, options: NoOptions) -> Confusion:
     del options
     return cls(forward=task.apply)
 

@@ -1,9 +1,9 @@
 """The `harness` evaluator: lm-evaluation-harness tasks on a language model in training.
 
-Settings (top-level config fields): `harness_tasks` (names: our shipped tasks, the
-harness's own, e.g. 'hellaswag'), `harness_every` (updates between runs, and after the
-last; 0 = once at the end), `harness_limit` (documents per task; 0 = all),
-`harness_fewshot` (examples in each prompt). The scores are logged as scalars
+Settings (`config.evaluate.harness.FIELD`, `HarnessOptions`): `tasks` (names: our shipped
+tasks, the harness's own, e.g. 'hellaswag'), `every` (updates between runs, and after the
+last; 0 = once at the end), `limit` (documents per task; 0 = all), `num_fewshot`
+(examples in each prompt). The scores are logged as scalars
 (`lm_eval/TASK/METRIC`, to TensorBoard, metrics.jsonl and W&B as every evaluator's) and the
 harness's results written to WORKDIR/lm_eval_step_N.json. The adapter is
 `evaluators/harness_lm.py`, imported when a harness runs (it needs `lm-eval`).
@@ -17,7 +17,7 @@ from typing import Any
 
 from transformer.data.config import fail
 from transformer.data.files import write_atomic
-from transformer.evaluators.base import EvalOptions, Evaluator, TrainingOptions
+from transformer.evaluators.base import Evaluator, at_least
 from transformer.tasks.base import Run, Task
 
 
@@ -33,12 +33,26 @@ def adapter():
 
 
 @dataclasses.dataclass(frozen=True)
+class HarnessOptions:
+  """config.evaluate.harness.FIELD."""
+
+  tasks: tuple[str, ...] = ()  # lm-eval task names
+  every: int = 0  # updates between runs (and after the last); 0 = once at the end
+  limit: int = 0  # documents per task (0 = all)
+  num_fewshot: int = 0  # examples in each prompt
+
+  def __post_init__(self):
+    at_least("harness", self, 0, "every", "limit", "num_fewshot")
+
+
+@dataclasses.dataclass(frozen=True)
 class Harness(Evaluator):
-  """lm-eval tasks on the model in training: every `harness_every` updates (0: at the end)
-  of `harness_tasks`, `harness_limit` documents each (0 = all); the scores are logged as
+  """lm-eval tasks on the model in training: every `every` updates (0: at the end) of
+  `tasks`, `limit` documents each (0 = all); the scores are logged as
   scalars (`lm_eval/TASK/METRIC`) and the results written to WORKDIR/lm_eval_step_N.json."""
 
   name = "harness"
+  Options = HarnessOptions
   tasks: tuple[str, ...] = ()
   limit: int = 0
   num_fewshot: int = 0
@@ -48,25 +62,24 @@ class Harness(Evaluator):
     return None if task.prompts else "needs a task whose model continues text (a language model)"
 
   @classmethod
-  def for_training(cls, task: Task, options: TrainingOptions) -> Harness:
-    del task
-    every = options.harness_every
-    return cls(every=every, at_end=not every, tasks=tuple(options.harness_tasks),
-               limit=options.harness_limit, num_fewshot=options.harness_fewshot)  # fmt: skip
+  def for_training(cls, task: Task, options: HarnessOptions, seed: int) -> Harness:
+    del task, seed
+    return cls(every=options.every, at_end=not options.every, tasks=options.tasks,
+               limit=options.limit, num_fewshot=options.num_fewshot)  # fmt: skip
 
   @classmethod
-  def for_eval(cls, task: Task, options: EvalOptions) -> Harness:
+  def for_eval(cls, task: Task, options: HarnessOptions) -> Harness:
     del task, options
     return cls()  # eval.py runs none: `python -m transformer.lm_eval` does
 
   @classmethod
-  def check_options(cls, options: TrainingOptions) -> None:
-    if not options.harness_tasks:
-      fail("harness_tasks", (), "names no task; the 'harness' evaluator needs one or more")
+  def check_options(cls, options: HarnessOptions) -> None:
+    if not options.tasks:
+      fail("evaluate.harness.tasks", (), "names no task; the 'harness' evaluator needs one or more")
     try:
-      adapter().task_configs(options.harness_tasks)
+      adapter().task_configs(options.tasks)
     except ValueError as e:
-      fail("harness_tasks", tuple(options.harness_tasks), str(e))
+      fail("evaluate.harness.tasks", options.tasks, str(e))
 
   def run(self, run: Run) -> dict[str, Any]:
     if not self.tasks:

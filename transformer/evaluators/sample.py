@@ -11,30 +11,47 @@ import jax
 import numpy as np
 
 from transformer import decode
+from transformer.data.config import fail
 from transformer.decode.sampling import Sampling
 from transformer.decode.sliding import generate_sliding
-from transformer.evaluators.base import EvalOptions, Evaluator, TrainingOptions, strip_ids
+from transformer.evaluators.base import Evaluator, at_least, strip_ids
 from transformer.tasks.base import Run, Task
 
 PAST_CONTEXT = ("cap", "slide")  # what LM sampling does with tokens beyond the context
 
 
 @dataclasses.dataclass(frozen=True)
+class SampleOptions:
+  """config.evaluate.sample.FIELD (and eval.py's flags of the same names)."""
+
+  prompts: tuple[str, ...] = ()  # texts to continue; training: at most one (none: a newline)
+  max_new_tokens: int = 200  # tokens to sample (training: 0 = no sample at the end)
+  temperature: float = 0.8  # sampling temperature (0 = greedy)
+  top_k: int = 0  # keep the k most likely tokens (0 = all)
+  top_p: float = 1.0  # nucleus mass (1 = all)
+  num_samples: int = 1  # eval.py: samples per prompt
+  past_context: str = "cap"  # eval.py: cap (new tokens fit the context) | slide (a window)
+
+  def __post_init__(self):
+    at_least("sample", self, 0, "max_new_tokens", "top_k", "temperature")
+    at_least("sample", self, 1, "num_samples")
+    if not 0 < self.top_p <= 1:
+      fail("evaluate.sample.top_p", self.top_p, "must be in (0, 1]")
+    if self.past_context not in PAST_CONTEXT:
+      fail("evaluate.sample.past_context", self.past_context, f"must be one of {PAST_CONTEXT}")
+
+
+@dataclasses.dataclass(frozen=True)
 class Sample(Evaluator):
-  """In training (`sample_tokens` > 0), at the end: one continuation of `sample_prompt`
-  (a newline when empty), capped to the context, printed and logged as text 'sample'.
+  """In training (`max_new_tokens` > 0), at the end: one continuation of its prompt (a
+  newline when none is set), capped to the context, printed and logged as text 'sample'.
   From `eval.py`: `num_samples` continuations of each prompt (none given: nothing), new
   tokens capped to the context (with a note in 'notes') or, with past_context 'slide',
   through a sliding window."""
 
   name = "sample"
-  prompts: tuple[str, ...] = ()
-  num_samples: int = 1  # per prompt
-  max_new_tokens: int = 200
-  past_context: str = "cap"  # one of PAST_CONTEXT
-  temperature: float = 1.0
-  top_k: int = 0  # 0 = all tokens
-  top_p: float = 1.0  # 1 = all tokens
+  Options = SampleOptions
+  options: SampleOptions = SampleOptions()
   seed: int = 0  # seeds the sampling: a rerun draws the same samples
 
   @classmethod
@@ -42,50 +59,55 @@ class Sample(Evaluator):
     return None if task.prompts else "needs a task whose model continues text (a language model)"
 
   @classmethod
-  def for_training(cls, task: Task, options: TrainingOptions) -> Sample:
+  def for_training(cls, task: Task, options: SampleOptions, seed: int) -> Sample:
     del task
-    return cls(
-      at_end=options.sample_tokens > 0,
-      prompts=(options.sample_prompt or "\n",),
-      max_new_tokens=options.sample_tokens,
-      temperature=options.sample_temperature,
-      seed=options.seed,
-    )
+    prompts = options.prompts or ("\n",)
+    return cls(options=dataclasses.replace(options, prompts=prompts),
+               at_end=options.max_new_tokens > 0, seed=seed)  # fmt: skip
 
   @classmethod
-  def for_eval(cls, task: Task, options: EvalOptions) -> Sample:
+  def for_eval(cls, task: Task, options: SampleOptions) -> Sample:
     del task
-    names = ("prompts", "num_samples", "max_new_tokens", "past_context", "temperature")  # as here
-    return cls(**{n: getattr(options, n) for n in (*names, "top_k", "top_p")})
+    return cls(options=options)
+
+  @classmethod
+  def check_options(cls, options: SampleOptions) -> None:
+    if len(options.prompts) > 1:
+      fail("evaluate.sample.prompts", options.prompts, "training samples one prompt at the end")
+    for name in ("num_samples", "past_context"):
+      if getattr(options, name) != getattr(SampleOptions, name):
+        fail(f"evaluate.sample.{name}", getattr(options, name), "is eval.py's, not training's")
 
   def sampling(self) -> Sampling:
     """The sampling these settings ask for (a fixed seed: a rerun draws the same samples)."""
-    return Sampling(jax.random.PRNGKey(self.seed), self.temperature, self.top_k, self.top_p)
+    o = self.options
+    return Sampling(jax.random.PRNGKey(self.seed), o.temperature, o.top_k, o.top_p)
 
   def check(self, model, tokenizer) -> None:
-    if self.prompts and not self.at_end:  # bad prompts fail before any evaluation work
-      prompts, slide = list(self.prompts), self.past_context == "slide"
-      new, _ = fit_to_context(tokenizer, prompts, self.max_new_tokens, model.max_len,
-                              self.past_context)  # fmt: skip
+    o = self.options
+    if o.prompts and not self.at_end:  # bad prompts fail before any evaluation work
+      prompts, slide = list(o.prompts), o.past_context == "slide"
+      new, _ = fit_to_context(tokenizer, prompts, o.max_new_tokens, model.max_len, o.past_context)
       check_prompts(tokenizer, prompts, new, None if slide else model.max_len)
 
   def run(self, run: Run) -> dict[str, Any]:
     if self.at_end:
       return self._final(run)
-    if not self.prompts:
+    o = self.options
+    if not o.prompts:
       return {}
-    prompts, tokenizer = list(self.prompts), run.info.tokenizer
-    new, note = fit_to_context(tokenizer, prompts, self.max_new_tokens, run.model.config.max_len,
-                               self.past_context)  # fmt: skip
+    prompts, tokenizer = list(o.prompts), run.info.tokenizer
+    new, note = fit_to_context(tokenizer, prompts, o.max_new_tokens, run.model.config.max_len,
+                               o.past_context)  # fmt: skip
     samples = sample_texts(
       run.model,
       run.params,
       tokenizer,
       prompts,
       sampling=self.sampling(),
-      num_samples=self.num_samples,
+      num_samples=o.num_samples,
       max_new_tokens=new,
-      sliding=self.past_context == "slide",
+      sliding=o.past_context == "slide",
     )
     return {"samples": samples, **({"notes": [note]} if note else {})}
 
@@ -94,25 +116,25 @@ class Sample(Evaluator):
     new = self._final_tokens(run) if self.at_end else None
     if isinstance(new, int):
       tokenizer = run.info.tokenizer
-      rows = [tokenizer.encode(self.prompts[0])]
+      rows = [tokenizer.encode(self.options.prompts[0])]
       options = _options(tokenizer, self.sampling(), new)
       decode.lower_generate(run.model, run.params, rows, **options).compile()
 
   def _final_tokens(self, run: Run) -> int | str:
     """The new tokens of the end-of-training sample, or why there is none."""
-    (prompt,) = self.prompts
+    (prompt,) = self.options.prompts
     prompt_len = len(run.info.tokenizer.encode(prompt))
     if not prompt_len:  # e.g. a pretrained SentencePiece vocabulary drops a lone newline
-      return f"the prompt {prompt!r} encodes to no tokens; set sample_prompt"
+      return f"the prompt {prompt!r} encodes to no tokens; set evaluate.sample.prompts"
     room = run.model.config.max_len - prompt_len
     if room < 1:
       return f"the {prompt_len}-token prompt fills the context; shorten it"
-    return min(self.max_new_tokens, room)
+    return min(self.options.max_new_tokens, room)
 
   def _final(self, run: Run) -> dict[str, str]:
     """The end-of-training sample, printed; a prompt the context cannot continue is
     reported and skipped rather than ending a finished run in an error."""
-    (prompt,) = self.prompts
+    (prompt,) = self.options.prompts
     max_new = self._final_tokens(run)
     if isinstance(max_new, str):
       print(f"--- no sample: {max_new} ---")
@@ -125,7 +147,7 @@ class Sample(Evaluator):
       sampling=self.sampling(),
       max_new_tokens=max_new,
     )
-    print(f"--- sample ({max_new} tokens, temperature {self.temperature}) ---")
+    print(f"--- sample ({max_new} tokens, temperature {self.options.temperature}) ---")
     print(prompt + sample["sample"])
     return {"sample": prompt + sample["sample"]}
 

@@ -84,7 +84,8 @@ def run_overrides(
 ) -> list[str]:
   """The `--config.*` flags of one translate_en_es run (everything else: the recipe)."""
   bleu_every = settings.steps if settings.eval_split == "test" else 0  # final weights, test
-  return arms.arm_overrides(arm, examples, seed, pretrained, settings, bleu_every=bleu_every)
+  extra = {"evaluate.bleu.every": bleu_every}
+  return arms.arm_overrides(arm, examples, seed, pretrained, settings, **extra)
 
 
 def translate(

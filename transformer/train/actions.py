@@ -164,8 +164,10 @@ class Evaluate:
   ahead: threading.Thread | None = dataclasses.field(init=False, default=None)  # compile_ahead
 
   def __post_init__(self):
-    options = self.exp.eval.training_options(self.exp.loop.seed)
-    self.chosen = evaluators.for_training(self.exp.eval.evaluators, self.exp.task, options)
+    exp = self.exp
+    self.chosen = evaluators.for_training(
+      exp.eval.evaluators, exp.task, exp.evaluate, exp.loop.seed
+    )
 
   def due(self, done: int) -> bool:
     every = self.exp.eval.eval_every

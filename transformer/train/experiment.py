@@ -10,6 +10,7 @@ naming the field before anything is built. Code past this boundary trusts the ty
   data        `DataConfig`: what to read and how to shape it; `data.kind` names the task
   task        the task's `Options` (`task_block(kind)`; the default is the lm task's:
               label_smoothing, z_loss)
+  evaluate    evaluate.NAME: evaluator NAME's `Options` (e.g. evaluate.bleu.every)
   optimizer   `OptimizerConfig`
   schedule    `ScheduleConfig`
   mesh        `MeshConfig`, mesh_rules: logical axis -> mesh axes
@@ -17,7 +18,7 @@ naming the field before anything is built. Code past this boundary trusts the ty
   (top level) the fields of `LoopConfig`, `CheckpointConfig`, `EvalConfig`, `EMAConfig`,
               `TelemetryConfig`, `FaultConfig` (train/guard/config.py)
 
-A field that has moved (`MOVED`) is refused in one line naming its new place
+A field that has moved (`moved_fields.MOVED`) is refused in one line naming its new place
 (`eval/evaluate.load_config` moves it in a config saved before).
 """
 
@@ -34,10 +35,11 @@ from ml_collections import config_dict
 from transformer import evaluators, tasks
 from transformer.convert import sources
 from transformer.data.config import DataConfig, fail
+from transformer.evaluators import NoOptions
 from transformer.nn import models
 from transformer.nn.config import ModelConfig
 from transformer.nn.partitioning import RULES
-from transformer.train import mesh_config, schedules
+from transformer.train import mesh_config, moved_fields, schedules
 from transformer.train import optimizer as optimizer_lib
 from transformer.train import pretrained as pretrained_lib
 from transformer.train.guard.config import FaultConfig
@@ -97,31 +99,14 @@ class CheckpointConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EvalConfig:
-  """Periodic evaluation and the evaluators' settings (`evaluators.TrainingOptions`)."""
+  """Periodic evaluation; the evaluators' own settings are `config.evaluate.NAME`."""
 
   eval_every: int = 500  # steps between evaluations (and at the end); 0 = only at the end
   eval_batches: int = 0  # batches per evaluation; 0 = the whole evaluation split
   evaluators: tuple[str, ...] = ()  # evaluators/ a run uses; () = its task's (Task.evaluators)
-  bleu_every: int = 0  # seq2seq: steps between BLEU evaluations (and at the end); 0 = never
-  bleu_beam_size: int = 1  # seq2seq: beam size of the BLEU decoding (1 = greedy)
-  sample_prompt: str = ""  # LM only: text whose continuation is printed at the end
-  sample_tokens: int = 200  # LM only: tokens sampled at the end (0 = no sample)
-  sample_temperature: float = 0.8  # LM only: sampling temperature of the final sample
-  harness_tasks: tuple[str, ...] = ()  # evaluator 'harness': lm-eval task names
-  harness_every: int = 0  # evaluator 'harness': steps between runs (and at the end); 0 = end
-  harness_limit: int = 0  # evaluator 'harness': documents per task (0 = all)
-  harness_fewshot: int = 0  # evaluator 'harness': examples in each prompt
 
   def __post_init__(self):
-    _positive(self, "eval_every", "eval_batches", "sample_tokens", "bleu_every", minimum=0)
-    _positive(self, "harness_every", "harness_limit", "harness_fewshot", minimum=0)
-    _positive(self, "bleu_beam_size", minimum=0)
-    if self.sample_temperature <= 0:
-      fail("sample_temperature", self.sample_temperature, "must be > 0")
-
-  def training_options(self, seed: int) -> evaluators.TrainingOptions:
-    names = {f.name for f in dataclasses.fields(evaluators.TrainingOptions)} - {"seed"}
-    return evaluators.TrainingOptions(seed=seed, **{n: getattr(self, n) for n in names})
+    _positive(self, "eval_every", "eval_batches", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,17 +184,6 @@ class WandbConfig:
       fail("wandb.project", self.project, "must name a W&B project")
 
 
-# Old place -> new place of the fields that moved (for one-line refusals and `upgrade`).
-MOVED = {
-  "label_smoothing": "task.label_smoothing",
-  "z_loss": "task.z_loss",
-  "data.mask_rate": "task.mask_rate",
-  "data.whole_word_masking": "task.whole_word_masking",
-  "data.teacher": "task.teacher",
-  "data.distill_temperature": "task.temperature",
-  "data.distill_alpha": "task.alpha",
-}
-
 TOP_BLOCKS = (LoopConfig, CheckpointConfig, EvalConfig, EMAConfig, TelemetryConfig, FaultConfig)
 
 
@@ -225,6 +199,7 @@ class Experiment:
   loop: LoopConfig
   checkpoint: CheckpointConfig
   eval: EvalConfig
+  evaluate: dict[str, Any]  # evaluator name -> its validated `Options`
   mesh: MeshConfig
   rules: dict[str, tuple[str, ...]]  # logical axis -> mesh axes
   vocab_from_data: bool  # model.vocab_size was 0: use the tokenizer's
@@ -262,6 +237,10 @@ def default_config() -> ml_collections.ConfigDict:
   config.model.vocab_size = 0  # 0 = the tokenizer's vocabulary size
   config.data = _block(DataConfig)
   config.task = task_block(DataConfig.kind)
+  config.evaluate = ml_collections.ConfigDict()  # evaluate.NAME.FIELD
+  for name, cls in evaluators.EVALUATORS.items():
+    if cls.Options is not NoOptions:
+      config.evaluate[name] = _block(cls.Options)
   config.optimizer = _block(optimizer_lib.OptimizerConfig)
   config.schedule = _block(ScheduleConfig)
   config.mesh = _block(MeshConfig)
@@ -291,8 +270,9 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   `workdir`: the run's, where a pretrained `init_from` (hf:, bv:) recorded what its
   checkpoint decides (`pretrained.RECORD`); read there instead of the checkpoint.
   """
-  nested = ("model", "data", "task", "optimizer", "schedule", "mesh", "mesh_rules", "wandb")
-  _refuse_moved(config)
+  nested = ("model", "data", "task", "evaluate", "optimizer", "schedule", "mesh", "mesh_rules")
+  nested += ("wandb",)
+  moved_fields.refuse(config)
   flat = {k: v for k, v in config.items() if k not in nested}
   known = top_level_fields()
   for name in flat:
@@ -336,7 +316,8 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   except ValueError as e:
     raise ValueError(f"config.model: {e}") from None
   task.check(model, data)
-  evaluators.check(evaluation.evaluators, task, evaluation.training_options(loop.seed))
+  evaluate = _evaluator_options(config.get("evaluate", {}))
+  evaluators.check(evaluation.evaluators, task, evaluate)
 
   optimizer = convert(optimizer_lib.OptimizerConfig, as_dict(config.optimizer), "optimizer.")
   schedule_cfg = convert(ScheduleConfig, as_dict(config.schedule), "schedule.")
@@ -360,6 +341,7 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
     loop=loop,
     checkpoint=checkpoint,
     eval=evaluation,
+    evaluate=evaluate,
     mesh=mesh,
     rules=rules,
     vocab_from_data=vocab_from_data,
@@ -372,13 +354,17 @@ def validate(config: ml_collections.ConfigDict, workdir: str | None = None) -> E
   )
 
 
-def _refuse_moved(config: ml_collections.ConfigDict) -> None:
-  """One line for the first field the config sets at its old place, naming the new one."""
-  for old, new in MOVED.items():
-    block, _, name = old.rpartition(".")
-    values = config.get(block, {}) if block else config
-    if name in values:
-      fail(old, values[name], f"has moved: set config.{new}")
+def _evaluator_options(blocks: Any) -> dict[str, Any]:
+  """`config.evaluate`: each evaluator's block converted to its `Options`."""
+  named = {n for n, cls in evaluators.EVALUATORS.items() if cls.Options is not NoOptions}
+  for name in blocks:
+    if name not in named:
+      known = ", ".join(sorted(named))
+      fail(f"evaluate.{name}", blocks[name], f"not an evaluator with options (those: {known})")
+  return {
+    name: convert(cls.Options, as_dict(blocks.get(name, {})), f"evaluate.{name}.")
+    for name, cls in evaluators.EVALUATORS.items()
+  }
 
 
 def finalize_model(exp: Experiment, vocab_size: int, num_classes: int) -> ModelConfig:
