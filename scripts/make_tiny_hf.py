@@ -6,7 +6,8 @@
 Each directory is what `save_pretrained` writes (config.json, model.safetensors), with
 random weights from our own initialisation written by `transformer.convert.save`, and a
 tokenizer trained on the first lines of data/tinyshakespeare.txt.gz where the family has
-one: GPT-2 a byte-level BPE (`tokenizer.json`, `<|endoftext|>` as BOS = EOS = UNK), BERT
+one: GPT-2 a byte-level BPE (`tokenizer.json`, `<|endoftext|>` as BOS = EOS = UNK; a chat
+template of 'role: content<|endoftext|>' turns, `GPT2_CHAT`, for configs/sft_chat.py), BERT
 a WordPiece (`tokenizer.json`, [PAD] [UNK] [CLS] [SEP] [MASK]), Llama a SentencePiece BPE
 (`tokenizer.model`, UNK 0, BOS 1, EOS 2; Mixtral and Gemma 2 the same kind), T5 a
 SentencePiece unigram (`spiece.model`, PAD 0,
@@ -100,6 +101,13 @@ def _write_config(path: Path, **tokens: str) -> None:
   (path / "tokenizer_config.json").write_text(json.dumps(tokens, indent=2) + "\n")
 
 
+# The tiny GPT-2's chat template: each turn 'role: content' then EOS, after a newline.
+GPT2_CHAT = (
+  "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+  "{% if add_generation_prompt %}assistant: {% endif %}"
+)
+
+
 def gpt2_tokenizer(path: Path, texts: list[str], vocab_size: int = 300) -> int:
   """A byte-level BPE with `<|endoftext|>` as the last id; returns the vocabulary size."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -114,7 +122,7 @@ def gpt2_tokenizer(path: Path, texts: list[str], vocab_size: int = 300) -> int:
   tok.train_from_iterator(texts, trainer)
   tok.add_special_tokens([END])  # the last id, as GPT-2's 50256
   tok.save(str(path / "tokenizer.json"))
-  _write_config(path, bos_token=END, eos_token=END, unk_token=END)
+  _write_config(path, bos_token=END, eos_token=END, unk_token=END, chat_template=GPT2_CHAT)
   return tok.get_vocab_size(with_added_tokens=True)
 
 

@@ -17,6 +17,7 @@ from transformer.data.tokenizers import CharTokenizer
 from transformer.evaluators import EVALUATORS
 from transformer.evaluators.bleu import Bleu, BleuOptions
 from transformer.evaluators.confusion import Confusion
+from transformer.evaluators.exact_match import ExactMatch
 from transformer.evaluators.harness import Harness
 from transformer.evaluators.sample import Sample, SampleOptions
 from transformer.nn.config import ModelConfig
@@ -40,7 +41,10 @@ def _seq2seq(**fields):
 
 
 def test_the_registry_names_each_evaluator_by_its_own_name():
-  assert EVALUATORS == {"sample": Sample, "bleu": Bleu, "confusion": Confusion, "harness": Harness}
+  assert EVALUATORS == {
+    "sample": Sample, "bleu": Bleu, "confusion": Confusion, "harness": Harness,
+    "exact_match": ExactMatch,
+  }  # fmt: skip
   for name, cls in EVALUATORS.items():
     assert cls.name == name
 
@@ -63,6 +67,7 @@ def test_the_defaults_are_what_each_task_did_before():
     "mlm": (),
     "span_corruption": (),
     "prefix_lm": (),
+    "sft": ("exact_match",),
   }
 
 
@@ -80,7 +85,7 @@ def test_an_empty_choice_means_the_tasks_own_and_a_named_one_is_kept():
     (
       _lm(evaluators=("bogus",)),
       "config.evaluators=('bogus',): unknown evaluator 'bogus'; "
-      "known: sample, bleu, confusion, harness",
+      "known: sample, bleu, confusion, harness, exact_match",
     ),
     (
       _lm(evaluators=("bleu",)),
@@ -103,7 +108,8 @@ def test_an_empty_choice_means_the_tasks_own_and_a_named_one_is_kept():
     ),
     (
       _lm(evaluators=(3,)),
-      "config.evaluators=(3,): unknown evaluator 3; known: sample, bleu, confusion, harness",
+      "config.evaluators=(3,): unknown evaluator 3; known: sample, bleu, confusion, harness, "
+      "exact_match",
     ),
     (
       _lm(evaluators=("harness",)),

@@ -70,6 +70,8 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "finetune_marian_en_es": ((TINY_MARIAN,), {}, {}),  # hf: MarianMTModel (Opus-MT)
   "finetune_vit_digits": ((TINY_VIT,), {}, {"max_len": 5}),  # hf: 4 patches + [CLS]
   "finetune_dinov2_digits": ((TINY_DINOV2,), {}, {"max_len": 10}),  # hf: 28 px trained at 42
+  "sft_arith": ((None,), {}, {}),  # data.kind='sft': the shipped arithmetic conversations
+  "sft_chat": ((TINY_GPT2,), {}, {}),  # hf: the tiny GPT-2's chat template, LoRA
 }
 # Configs whose data is a standard TFDS dataset: they train two steps on
 # `tfds.testing.mock_data` in tests/test_tfds_configs.py (`TFDS_CONFIGS` checked below).
@@ -130,7 +132,10 @@ def tiny(stem: str, **loop):
     batch_size=8, seq_len=16, grad_accum_steps=1, num_train_steps=2, log_every=1, eval_every=0,
     eval_batches=1, checkpoint_every=2, parallelism="jit",
   )  # fmt: skip
+  if d.kind == "sft":  # rows that hold a whole conversation, its answer included
+    config.seq_len = m.max_len = 48
   no_decoding = {"evaluate.sample.max_new_tokens": 0, "evaluate.bleu.every": 0}
+  no_decoding["evaluate.exact_match.examples"] = 16  # a few held-out answers
   config.update_from_flattened_dict({**no_decoding, **loop})  # loop: {'a.b': value} too
   return config
 

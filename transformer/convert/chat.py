@@ -36,6 +36,7 @@ import datetime
 import functools
 import json
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -72,8 +73,10 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 @functools.lru_cache(maxsize=16)
 def _compile(template: str) -> Any:
   """The template compiled in `transformers`' environment (see the module docstring); its
-  `{% generation %}` blocks append their [start, end) to `environment.spans` while
-  `environment.blocks` (the text rendered so far) is a list. Kept for the next call."""
+  `{% generation %}` blocks append their [start, end) to `environment.state.spans` while
+  `environment.state.blocks` (the text rendered so far) is a list: per thread, since
+  the data loader's threads render with the same compiled template. Kept for the next
+  call."""
   import jinja2
   import jinja2.ext
   from jinja2 import nodes
@@ -89,10 +92,10 @@ def _compile(template: str) -> Any:
 
     def _track(self, caller) -> str:
       text = caller()
-      env = self.environment
-      if env.blocks is not None:
-        start = len("".join(env.blocks))
-        env.spans.append((start, start + len(text)))
+      state = self.environment.state
+      if getattr(state, "blocks", None) is not None:
+        start = len("".join(state.blocks))
+        state.spans.append((start, start + len(text)))
       return text
 
   class Namespace(jinja2.utils.Namespace):
@@ -115,7 +118,7 @@ def _compile(template: str) -> Any:
   env = ImmutableSandboxedEnvironment(
     trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
   )
-  env.blocks, env.spans = None, []
+  env.state = threading.local()  # blocks and spans of the rendering in this thread
   env.filters["tojson"] = _tojson
   env.globals["raise_exception"] = _raise
   env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
@@ -165,19 +168,19 @@ def generation_spans(
   """The conversation's text (no generation prompt) and the spans of its `{% generation %}`
   blocks, in order ([] where the template has none)."""
   compiled = _compile(template)
-  env = compiled.environment
-  env.blocks, env.spans = [], []
+  state = compiled.environment.state
+  state.blocks, state.spans = [], []
   variables = _variables(messages, special_tokens, False, kwargs)
 
   def run() -> None:  # block by block: a generation block measures the text before it
     for block in compiled.generate(**variables):
-      env.blocks.append(block)
+      state.blocks.append(block)
 
   try:
     _rendering(run)
-    return "".join(env.blocks), list(env.spans)
+    return "".join(state.blocks), list(state.spans)
   finally:
-    env.blocks = None
+    state.blocks = None
 
 
 def _rendering(run: Callable[[], Any]) -> Any:

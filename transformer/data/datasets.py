@@ -131,8 +131,9 @@ def _single(
   and `tok` when the caller opened them (a mixture's sources share one tokenizer)."""
   per_host, eval_per_host, count = rows, eval_rows, loader.host()[1]
   splits = splits or sources.open_splits(
-    cfg, workdir, paired=spec.paired, images=spec.images, labelled=spec.labelled
-  )
+    cfg, workdir, paired=spec.paired, images=spec.images, labelled=spec.labelled,
+    conversations=spec.conversations,
+  )  # fmt: skip
   c = DataContext(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
   windows = spec.uses_windows(cfg)
   if spec.images:

@@ -25,8 +25,17 @@ Record = Mapping[str, Any]
 
 
 def text_of(record: Record, key: str) -> str:
+  """The text of `record[key]`; of a conversation, its `conversation_text`."""
   value = record[key]
+  if isinstance(value, list):
+    return conversation_text(value)
   return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def conversation_text(messages: Sequence[Mapping[str, Any]]) -> str:
+  """A conversation as plain text, one 'role: content' line per message: what a
+  tokenizer without a chat template reads of it (`tasks/sft.py`), and trains on."""
+  return "".join(f"{m['role']}: {m['content']}\n" for m in messages)
 
 
 def read_records(

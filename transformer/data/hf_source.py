@@ -1,7 +1,7 @@
 """`DataConfig.source='hf'`: Hugging Face datasets by name, and Parquet / JSONL / Arrow files.
 
-`open_hf(cfg, paired, images, labelled)` returns the fields of the `sources.Splits` every
-task reads (docs/DATA.md):
+`open_hf(cfg, paired, images, labelled, conversations)` returns the fields of the
+`sources.Splits` every task reads (docs/DATA.md):
 
 - **Where** (`data.path`): a local or `gs://` folder, its splits named by its files as on
   the Hub (`train-*.parquet`, `validation/...`, `test.jsonl`; a folder with unnamed files
@@ -17,8 +17,9 @@ task reads (docs/DATA.md):
   local text: validation and test are its last `validation_fraction` and `test_fraction`
   of records, train the records before them.
 - **Columns**: `text_column`, or `source_column` / `target_column` for pairs, must hold
-  text (a nested field by its dotted name: 'translation.de'); `label_column` class labels,
-  integers or strings (strings become ids in the order of `data.label_names`, or sorted);
+  text (a nested field by its dotted name: 'translation.de'), or for a chat task
+  (`conversations`) `text_column` a list of {role, content} messages; `label_column` class
+  labels, integers or strings (strings become ids in the order of `data.label_names`, or sorted);
   `image_column` images. A missing column or one of another type is one error line naming
   the field and the data.
 - **Bad records**: a record with a null in a column the task reads (or a label outside
@@ -113,7 +114,9 @@ def _image_array(value: Any) -> np.ndarray:
   return np.asarray(value)
 
 
-def open_hf(cfg: DataConfig, paired: bool, images: bool, labelled: bool) -> dict[str, Any]:
+def open_hf(
+  cfg: DataConfig, paired: bool, images: bool, labelled: bool, conversations: bool = False
+) -> dict[str, Any]:
   """The training and evaluation splits of `cfg` (module docstring) as `Records`, with the
   other fields of a `sources.Splits`."""
   name = cfg.path
@@ -136,7 +139,11 @@ def open_hf(cfg: DataConfig, paired: bool, images: bool, labelled: bool) -> dict
     if column not in train.features:
       fail(f"data.{field}", column, f"no such column in {name}; columns: {sorted(train.features)}")
     kind = _kind(train.features[column])
-    if key != "label" and key != "image" and kind not in TEXT_TYPES:
+    if conversations and key == cfg.text_column:
+      if not _is_conversation(train.features[column]):
+        rule = f"column of {name} holds {kind}, expected conversations: lists of {{role, content}}"
+        fail(f"data.{field}", column, rule)
+    elif key != "label" and key != "image" and kind not in TEXT_TYPES:
       fail(f"data.{field}", column, f"column of {name} holds {kind}, expected text (string)")
   label_names, label_ids = _labels(cfg, train, held_out, name) if labelled else ((), None)
   mapping = {key: column for key, (_, column) in columns.items()}
@@ -159,6 +166,14 @@ def open_hf(cfg: DataConfig, paired: bool, images: bool, labelled: bool) -> dict
     text_keys=() if images else text_keys,
     stats=stats,
   )
+
+
+def _is_conversation(feature: Any) -> bool:
+  """Whether a `datasets` feature is a list of {role, content} text messages."""
+  inner = getattr(feature, "feature", None) if _kind(feature) in ("List", "LargeList") else None
+  if not isinstance(inner, dict) or not {"role", "content"} <= set(inner):
+    return False
+  return all(_kind(inner[k]) in TEXT_TYPES for k in ("role", "content"))
 
 
 def _kind(feature: Any) -> str:

@@ -121,7 +121,14 @@ def build(cfg: DataConfig, spec: Any, workdir: Any, build_one: Callable, **kwarg
     for f, w in cfg.mixture
   ]
   opened = [
-    sources.open_splits(c, workdir, paired=spec.paired, images=spec.images, labelled=spec.labelled)
+    sources.open_splits(
+      c,
+      workdir,
+      paired=spec.paired,
+      images=spec.images,
+      labelled=spec.labelled,
+      conversations=spec.conversations,
+    )  # fmt: skip
     for _, c, _ in entries
   ]
   tok = None

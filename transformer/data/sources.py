@@ -49,18 +49,21 @@ def open_splits(
   paired: bool = False,
   images: bool = False,
   labelled: bool = False,
+  conversations: bool = False,
 ) -> Splits:
   """Prepares (local builders) or opens (TFDS names) the two splits as data sources.
 
   `workdir` holds files a source writes at first use (`sklearn_digits`: IDX files in
   `workdir/datasets/sklearn_digits/`). `paired`: the task reads (source, target) text
-  columns; `images`: it reads the `image` feature; `labelled`: a class label (`hf`).
+  columns; `images`: it reads the `image` feature; `labelled`: a class label (`hf`);
+  `conversations`: its text column holds conversations (`hf`).
   """
   path, d = cfg.resolved_path(), cfg.data_dir
   if cfg.source == "tfds":
     return _open_tfds(cfg, paired, images)
   if cfg.source == "hf":
-    return Splits(name=cfg.path, **hf_source.open_hf(cfg, paired, images, labelled))
+    opened = hf_source.open_hf(cfg, paired, images, labelled, conversations)
+    return Splits(name=cfg.path, **opened)
   if cfg.source == "text":
     b = builders.text_corpus(
       path, d, validation_fraction=cfg.validation_fraction, test_fraction=cfg.test_fraction

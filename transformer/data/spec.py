@@ -70,6 +70,7 @@ class DataSpec:
   images: bool = False  # records hold images: no tokenizer, channel statistics
   labelled: bool = False  # examples carry a class label: num_classes comes from the data
   paired: bool = False  # records are (source_column, target_column) text pairs
+  conversations: bool = False  # text_column holds conversations: lists of {role, content}
   # Token-stream windows (source 'text', or `data.windows`): (S, T) -> tokens per window;
   # None = this task reads whole records only.
   window: Callable[[int, int], int] | None = None

@@ -4,12 +4,14 @@
   bleu       evaluators/bleu.py       corpus BLEU every `evaluate.bleu.every` updates and
                                       from eval.py
   confusion  evaluators/confusion.py  a confusion matrix (table and PNG) from eval.py
+  exact_match evaluators/exact_match.py greedy answers to held-out conversations (sft)
   harness    evaluators/harness.py    lm-evaluation-harness tasks every
                                       `evaluate.harness.every` updates (python -m
                                       transformer.lm_eval: of a workdir)
 
 The config's `evaluators` names those a run uses; () = its task's own (`Task.evaluators`:
-lm and distill 'sample', seq2seq 'bleu', classification and image 'confusion'). Each
+lm and distill 'sample', seq2seq 'bleu', classification and image 'confusion', sft
+'exact_match'). Each
 declares its settings once, as its `Options` dataclass: a run sets them as
 `config.evaluate.NAME.FIELD`, `eval.py` from its flags. `check` refuses, when the config is
 validated, an unknown name or one the task cannot run, in one line naming the field.
@@ -30,12 +32,13 @@ from transformer.data.config import fail
 from transformer.evaluators.base import Evaluator, NoOptions
 from transformer.evaluators.bleu import Bleu
 from transformer.evaluators.confusion import Confusion
+from transformer.evaluators.exact_match import ExactMatch
 from transformer.evaluators.harness import Harness
 from transformer.evaluators.sample import Sample
 from transformer.tasks.base import Task
 
 EVALUATORS: dict[str, type[Evaluator]] = {
-  cls.name: cls for cls in (Sample, Bleu, Confusion, Harness)
+  cls.name: cls for cls in (Sample, Bleu, Confusion, Harness, ExactMatch)
 }
 
 

@@ -8,6 +8,7 @@
   span_corruption tasks/span_corruption.py encoder-decoder: T5 span-corruption pretraining
   prefix_lm       tasks/prefix_lm.py       decoder: bidirectional prefix, causal suffix
   distill         tasks/distill.py         decoder: knowledge distillation from a frozen teacher
+  sft             tasks/sft.py             decoder: chat fine-tuning, loss on the assistant turns
 
 `get(name)` returns the task class; `create(data_config, seq_len, options)` the task of a
 run, with `options` an instance of the class's `Options` (the run's `config.task.*`).
@@ -28,6 +29,7 @@ from transformer.tasks.lm import LanguageModeling
 from transformer.tasks.mlm import MaskedLanguageModeling
 from transformer.tasks.prefix_lm import PrefixLanguageModeling
 from transformer.tasks.seq2seq import SequenceToSequence
+from transformer.tasks.sft import ChatFineTuning
 from transformer.tasks.span_corruption import SpanCorruption
 
 TASKS: dict[str, type[Task]] = {
@@ -41,6 +43,7 @@ TASKS: dict[str, type[Task]] = {
     SpanCorruption,
     PrefixLanguageModeling,
     Distillation,
+    ChatFineTuning,
   )
 }
 
