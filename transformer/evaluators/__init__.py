@@ -11,10 +11,10 @@
 
 The config's `evaluators` names those a run uses; () = its task's own (`Task.evaluators`:
 lm and distill 'sample', seq2seq 'bleu', classification and image 'confusion', sft
-'exact_match'). Each
-declares its settings once, as its `Options` dataclass: a run sets them as
-`config.evaluate.NAME.FIELD`, `eval.py` from its flags. `check` refuses, when the config is
-validated, an unknown name or one the task cannot run, in one line naming the field.
+'exact_match'). Each declares its settings once, as its `Options` dataclass: a run sets
+them as `config.evaluate.NAME.FIELD`, `eval.py` from its flags. `check` refuses, when the
+config is validated, an unknown name or one the task cannot run, in one line naming the
+field.
 `for_training` builds them for the training loop's `Evaluate` action (`train/actions.py`:
 the periodic ones and those at the end), `for_eval` for `eval.py` (`eval/evaluate.py`).
 The protocol is `base.Evaluator`: settings as fields, `run(run) -> metrics`.

@@ -35,6 +35,21 @@ from transformer.tasks.seq2seq import EncoderDecoderTask, seq2seq_shapes
 NUM_SENTINELS = 100  # T5's extra ids
 
 
+@dataclasses.dataclass(frozen=True)
+class SpanOptions(CrossEntropyOptions):
+  """`config.task.*` of span corruption (defaults: Raffel et al. 2020, Table 7's best)."""
+
+  noise_density: float = 0.15  # fraction of each window's tokens dropped
+  mean_span_length: float = 3.0  # mean length of a dropped span, in tokens
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 0.0 < self.noise_density < 1.0:
+      fail("task.noise_density", self.noise_density, "must be in (0, 1)")
+    if not 1.0 <= self.mean_span_length < float("inf"):
+      fail("task.mean_span_length", self.mean_span_length, "must be a number >= 1")
+
+
 def _counts(length: int, density: float, mean_span: float) -> tuple[int, int]:
   """(noise tokens, noise spans) of a window of `length` tokens."""
   noise = min(max(int(round(length * density)), 1), length - 1)
@@ -66,8 +81,8 @@ def _segment(total: int, parts: int, rng: np.random.Generator) -> np.ndarray:
 def noise_mask(
   length: int,
   rng: np.random.Generator,
-  density: float = 0.15,
-  mean_span: float = 3.0,
+  density: float = SpanOptions.noise_density,
+  mean_span: float = SpanOptions.mean_span_length,
 ) -> np.ndarray:
   """bool [length]: True at dropped tokens (T5's `random_spans_noise_mask`)."""
   noise, spans = _counts(length, density, mean_span)
@@ -125,21 +140,6 @@ class _Corrupt:
       out[f"{side}_positions"] = np.where(valid, np.arange(width), 0).astype(np.int32)
     out["weights"] = out["targets_segment_ids"].astype(np.float32)
     return out
-
-
-@dataclasses.dataclass(frozen=True)
-class SpanOptions(CrossEntropyOptions):
-  """`config.task.*` of span corruption (defaults: Raffel et al. 2020, Table 7's best)."""
-
-  noise_density: float = 0.15  # fraction of each window's tokens dropped
-  mean_span_length: float = 3.0  # mean length of a dropped span, in tokens
-
-  def __post_init__(self):
-    super().__post_init__()
-    if not 0.0 < self.noise_density < 1.0:
-      fail("task.noise_density", self.noise_density, "must be in (0, 1)")
-    if not 1.0 <= self.mean_span_length < float("inf"):
-      fail("task.mean_span_length", self.mean_span_length, "must be a number >= 1")
 
 
 @dataclasses.dataclass(frozen=True)
