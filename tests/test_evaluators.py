@@ -68,6 +68,7 @@ def test_the_defaults_are_what_each_task_did_before():
     "span_corruption": (),
     "prefix_lm": (),
     "sft": ("exact_match",),
+    "preference": (),
   }
 
 

@@ -132,7 +132,7 @@ def _single(
   per_host, eval_per_host, count = rows, eval_rows, loader.host()[1]
   splits = splits or sources.open_splits(
     cfg, workdir, paired=spec.paired, images=spec.images, labelled=spec.labelled,
-    conversations=spec.conversations,
+    conversations=spec.conversations, preference=spec.preference,
   )  # fmt: skip
   c = DataContext(cfg, splits, None, seq_len, cfg.target_seq_len or seq_len, seed, loader)
   windows = spec.uses_windows(cfg)

@@ -1,6 +1,6 @@
 """`DataConfig.source='hf'`: Hugging Face datasets by name, and Parquet / JSONL / Arrow files.
 
-`open_hf(cfg, paired, images, labelled, conversations)` returns the fields of the
+`open_hf(cfg, paired, images, labelled, conversations, preference)` returns the fields of the
 `sources.Splits` every task reads (docs/DATA.md):
 
 - **Where** (`data.path`): a local or `gs://` folder, its splits named by its files as on
@@ -18,7 +18,9 @@
   of records, train the records before them.
 - **Columns**: `text_column`, or `source_column` / `target_column` for pairs, must hold
   text (a nested field by its dotted name: 'translation.de'), or for a chat task
-  (`conversations`) `text_column` a list of {role, content} messages; `label_column` class
+  (`conversations`) `text_column` a list of {role, content} messages; a preference task
+  (`preference`) reads TRL's columns `prompt`, `chosen` and `rejected`, each text or a
+  conversation; `label_column` class
   labels, integers or strings (strings become ids in the order of `data.label_names`, or sorted);
   `image_column` images. A missing column or one of another type is one error line naming
   the field and the data.
@@ -52,6 +54,7 @@ from transformer.data.tokenizers import Tokenizer
 
 FORMATS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow"}
 TEXT_TYPES = ("string", "large_string")
+PREFERENCE_COLUMNS = ("prompt", "chosen", "rejected")  # TRL's names
 _SAFE = re.compile(r"[^\w.+-]")  # characters kept from a data path in a cache folder name
 
 
@@ -115,7 +118,12 @@ def _image_array(value: Any) -> np.ndarray:
 
 
 def open_hf(
-  cfg: DataConfig, paired: bool, images: bool, labelled: bool, conversations: bool = False
+  cfg: DataConfig,
+  paired: bool,
+  images: bool,
+  labelled: bool,
+  conversations: bool = False,
+  preference: bool = False,
 ) -> dict[str, Any]:
   """The training and evaluation splits of `cfg` (module docstring) as `Records`, with the
   other fields of a `sources.Splits`."""
@@ -124,6 +132,8 @@ def open_hf(
   train, held_out = _split(found, cfg, cfg.train_split), _split(found, cfg, cfg.eval_split)
   if images:
     columns = {"image": ("image_column", cfg.image_column)}
+  elif preference:
+    columns = {c: ("path", c) for c in PREFERENCE_COLUMNS}
   elif paired:
     columns = {
       cfg.source_column: ("source_column", cfg.source_column),
@@ -137,9 +147,16 @@ def open_hf(
     train, held_out = train.flatten(), held_out.flatten()  # 'translation.de': a nested field
   for key, (field, column) in columns.items():
     if column not in train.features:
+      if preference:
+        rule = f"a preference dataset has columns {', '.join(PREFERENCE_COLUMNS)}; no {column!r}"
+        fail("data.path", name, f"{rule}: columns {sorted(train.features)}")
       fail(f"data.{field}", column, f"no such column in {name}; columns: {sorted(train.features)}")
     kind = _kind(train.features[column])
-    if conversations and key == cfg.text_column:
+    if preference:
+      if kind not in TEXT_TYPES and not _is_conversation(train.features[column]):
+        rule = f"column {column!r} holds {kind}, expected text or lists of {{role, content}}"
+        fail("data.path", name, rule)
+    elif conversations and key == cfg.text_column:
       if not _is_conversation(train.features[column]):
         rule = f"column of {name} holds {kind}, expected conversations: lists of {{role, content}}"
         fail(f"data.{field}", column, rule)
@@ -153,6 +170,7 @@ def open_hf(
     splits.append(Records(ds, mapping, keep, label_ids, f"{name} [{split}]"))
     stats[f"{role}_bad_records"] = len(ds) - len(splits[-1])
   text_keys = (cfg.source_column, cfg.target_column) if paired else (cfg.text_column,)
+  text_keys = PREFERENCE_COLUMNS if preference else text_keys
   image_shape = None
   if images:
     first = splits[0][0]["image"]

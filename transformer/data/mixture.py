@@ -128,6 +128,7 @@ def build(cfg: DataConfig, spec: Any, workdir: Any, build_one: Callable, **kwarg
       images=spec.images,
       labelled=spec.labelled,
       conversations=spec.conversations,
+      preference=spec.preference,
     )  # fmt: skip
     for _, c, _ in entries
   ]

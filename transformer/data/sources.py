@@ -50,19 +50,21 @@ def open_splits(
   images: bool = False,
   labelled: bool = False,
   conversations: bool = False,
+  preference: bool = False,
 ) -> Splits:
   """Prepares (local builders) or opens (TFDS names) the two splits as data sources.
 
   `workdir` holds files a source writes at first use (`sklearn_digits`: IDX files in
   `workdir/datasets/sklearn_digits/`). `paired`: the task reads (source, target) text
   columns; `images`: it reads the `image` feature; `labelled`: a class label (`hf`);
-  `conversations`: its text column holds conversations (`hf`).
+  `conversations`: its text column holds conversations (`hf`); `preference`: it reads
+  (prompt, chosen, rejected) records (`hf`).
   """
   path, d = cfg.resolved_path(), cfg.data_dir
   if cfg.source == "tfds":
     return _open_tfds(cfg, paired, images)
   if cfg.source == "hf":
-    opened = hf_source.open_hf(cfg, paired, images, labelled, conversations)
+    opened = hf_source.open_hf(cfg, paired, images, labelled, conversations, preference)
     return Splits(name=cfg.path, **opened)
   if cfg.source == "text":
     b = builders.text_corpus(

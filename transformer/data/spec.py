@@ -71,6 +71,7 @@ class DataSpec:
   labelled: bool = False  # examples carry a class label: num_classes comes from the data
   paired: bool = False  # records are (source_column, target_column) text pairs
   conversations: bool = False  # text_column holds conversations: lists of {role, content}
+  preference: bool = False  # records are (prompt, chosen, rejected): text or conversations
   # Token-stream windows (source 'text', or `data.windows`): (S, T) -> tokens per window;
   # None = this task reads whole records only.
   window: Callable[[int, int], int] | None = None

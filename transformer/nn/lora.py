@@ -117,6 +117,22 @@ def trainable(config: ModelConfig, params: Any) -> Any:
   return jax.tree_util.tree_map_with_path(decide, params)
 
 
+def without_adapters(params: Any) -> Any:
+  """`params` without the adapters: the base model's parameters (the same arrays)."""
+  if not hasattr(params, "items"):
+    return params
+  return {k: without_adapters(v) for k, v in params.items() if k not in ADAPTERS}
+
+
+def trains_base(config: ModelConfig, params: Any) -> list[str]:
+  """Paths of the base parameters that `config.lora_trainable` trains beside the adapters."""
+  marks = trainable(config, params)
+  if marks is None:
+    return []
+  names = [(tree.path_names(k), t) for k, t in jax.tree_util.tree_leaves_with_path(marks)]
+  return ["/".join(n) for n, t in names if t and n[-1] not in ADAPTERS]
+
+
 def merge_lora(params: Any, config: ModelConfig) -> tuple[Any, ModelConfig]:
   """(params with every adapter folded into its kernel, W + alpha/r A B, and the adapters
   removed; config with lora_rank=0): the same function as a plain model.

@@ -9,6 +9,7 @@
   prefix_lm       tasks/prefix_lm.py       decoder: bidirectional prefix, causal suffix
   distill         tasks/distill.py         decoder: knowledge distillation from a frozen teacher
   sft             tasks/sft.py             decoder: chat fine-tuning, loss on the assistant turns
+  preference      tasks/preference.py      decoder: DPO, IPO, hinge, SimPO, ORPO on pairs
 
 `get(name)` returns the task class; `create(data_config, seq_len, options)` the task of a
 run, with `options` an instance of the class's `Options` (the run's `config.task.*`).
@@ -27,6 +28,7 @@ from transformer.tasks.distill import Distillation
 from transformer.tasks.image import ImageClassification
 from transformer.tasks.lm import LanguageModeling
 from transformer.tasks.mlm import MaskedLanguageModeling
+from transformer.tasks.preference import Preference
 from transformer.tasks.prefix_lm import PrefixLanguageModeling
 from transformer.tasks.seq2seq import SequenceToSequence
 from transformer.tasks.sft import ChatFineTuning
@@ -44,6 +46,7 @@ TASKS: dict[str, type[Task]] = {
     PrefixLanguageModeling,
     Distillation,
     ChatFineTuning,
+    Preference,
   )
 }
 

@@ -238,9 +238,9 @@ class Task(abc.ABC):
   def frozen(self, model: ModelConfig, load: LoadFn) -> tuple[Task, Any]:
     """(this task, variables it reads but never trains, e.g. a distillation teacher's
     parameters, or None). Called once where a run is built, with the run's final model
-    config and `load(source) -> (ModelConfig, params)` for a run's workdir or `hf:DIR`; the
-    variables are kept in the train state (checkpointed, no optimizer state) and reach
-    `forward` as `variables['frozen']` in training steps. Default: none."""
+    config and `load(source) -> (ModelConfig, params)` for a run's workdir or `hf:DIR`
+    ('': the run's `init_from`); the variables are kept in the train state (checkpointed,
+    no optimizer state) and reach `loss` as `frozen` in training steps. Default: none."""
     del model, load
     return self, None
 

@@ -126,6 +126,15 @@ def _build(c: DataContext, train: bool, rows: int) -> grain.IterDataset:
   return pipeline.batches(ds.map(batch_features), len(source), b)
 
 
+def check_records(data: DataConfig, task: str, records: str) -> None:
+  """A task that reads whole `records` (e.g. conversations) through source 'hf' only."""
+  if data.source != "hf":
+    rule = f"{task} reads {records} through source 'hf' (JSONL, Parquet, a dataset)"
+    fail("data.source", data.source, rule)
+  if data.windows:
+    fail("data.windows", data.windows, f"{task} reads whole {records}")
+
+
 @dataclasses.dataclass(frozen=True)
 class ChatFineTuning(LanguageModeling):
   """`lm`'s step on the batches above: the cross-entropy of the weighted targets."""
@@ -135,11 +144,7 @@ class ChatFineTuning(LanguageModeling):
 
   def check(self, model: ModelConfig, data: DataConfig) -> None:
     super().check(model, data)
-    if data.source != "hf":
-      rule = "the sft task reads conversations through source 'hf' (JSONL, Parquet, a dataset)"
-      fail("data.source", data.source, rule)
-    if data.windows:
-      fail("data.windows", data.windows, "the sft task trains on whole conversations")
+    check_records(data, "the sft task", "conversations")
 
   def data_spec(self) -> DataSpec:
     return DataSpec(

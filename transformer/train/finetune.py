@@ -89,16 +89,18 @@ def _load_pretrained(init_from: str, image_size: int | None) -> tuple[int, Any]:
     raise ValueError(f"config.init_from={init_from!r}: {e}") from None
 
 
-def restore_run(path: str, field: str = "init_from") -> tuple[int, Any]:
+def restore_run(path: str, field: str | None = "init_from") -> tuple[int, Any]:
   """(the ids its task added above the tokenizer's, e.g. span corruption's sentinels; the
-  parameters of its latest checkpoint) of another run of this project."""
+  parameters of its latest checkpoint) of another run of this project; errors name
+  `config.FIELD` (None: the caller names it)."""
   root = epath.Path(path if "://" in path else os.path.abspath(path))  # orbax: absolute paths
   inner = root / "checkpoints"
   ckpt_dir = inner if inner.is_dir() else root
   with checkpoints.CheckpointManager(ckpt_dir, max_to_keep=None, async_save=False) as mgr:
     step = mgr.latest_step()
     if step is None:
-      raise ValueError(f"config.{field}={path!r}: no checkpoint found in {ckpt_dir}")
+      named = f"config.{field}={path!r}: " if field else ""
+      raise ValueError(f"{named}no checkpoint found in {ckpt_dir}")
     params = mgr.restore_numpy(step)["params"]
   recorded = ckpt_dir.parent / "config.json"  # the run's config (checkpoints.write_config)
   kind = json.loads(recorded.read_text()).get("data", {}).get("kind") if recorded.exists() else None

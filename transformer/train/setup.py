@@ -93,7 +93,8 @@ def build(exp: Experiment, workdir: str, abstract: bool = False) -> Setup:
   if not exp.task.images and longest > model_cfg.max_len:
     raise ValueError(f"config.seq_len={longest} exceeds config.model.max_len={model_cfg.max_len}")
   model = build_model(model_cfg.replace(attention_impl=attention_impl))
-  task, frozen = exp.task.frozen(model_cfg, load_trained)  # e.g. a distillation teacher
+  # e.g. a distillation teacher, a preference reference ('' names the run's init_from)
+  task, frozen = exp.task.frozen(model_cfg, lambda source: load_trained(source or loop.init_from))
   exp = dataclasses.replace(exp, task=task)
   params = init_params(model, exp.task, info, loop.seed, abstract)
   tx = create_optimizer(
@@ -126,11 +127,13 @@ def load_trained(source: str) -> tuple[ModelConfig, Any]:
   """The model config and parameters of a trained model: `hf:DIR` (a Hugging Face
   directory), or another run of this project (its workdir: the model config it saved and
   its latest checkpoint's parameters)."""
+  if not source:
+    raise ValueError("names no model (nor does config.init_from)")
   found = sources.find(source)
   if found is not None and found[0] is sources.HF:
     config, variables = hf.load(found[1])
     return config, variables["params"]
-  params = finetune.restore_run(source, field="task.teacher")[1]
+  params = finetune.restore_run(source, field=None)[1]
   return load_model_config(source), params
 
 
