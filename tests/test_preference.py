@@ -5,6 +5,7 @@ trained; LoRA's base weights with no copy), kill and resume bit-exact, and bad i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import tiny_preference_config
 import torch
-from test_recipes import make_tiny_hf
+from test_recipes import make_tiny_hf, tiny
 
 from transformer.data import sources
 from transformer.data.config import DataConfig
@@ -119,6 +120,7 @@ TRL_DPO = {  # our options -> TRL's DPOConfig
   "robust": dict(loss_type="robust", beta=0.2, label_smoothing=0.1),
   "hinge": dict(loss_type="hinge", beta=0.5),
   "ipo": dict(loss_type="ipo", beta=0.4),
+  "sigmoid+sft": dict(loss_type="sigmoid", beta=0.3, sft_weight=0.7),
 }
 
 
@@ -136,7 +138,10 @@ def test_the_dpo_family_equals_trls_dpo_trainer(loss_type, gpt2_pair, tmp_path):
   tok = transformers.AutoTokenizer.from_pretrained(policy_dir)
   models = [transformers.AutoModelForCausalLM.from_pretrained(d) for d in gpt2_pair]
   data = datasets.Dataset.from_list([{"prompt": "a", "chosen": " b", "rejected": " c"}])
-  trl_options = {**options, "loss_type": [options["loss_type"]]}
+  weight = options.get("sft_weight", 0.0)
+  trl_options = {k: v for k, v in options.items() if k != "sft_weight"}
+  trl_options["loss_type"] = [options["loss_type"], *(["sft"] if weight else [])]
+  trl_options["loss_weights"] = [1.0, *([weight] if weight else [])]
   args = DPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False,
                    **trl_options)  # fmt: skip
   trainer = DPOTrainer(model=models[0], ref_model=models[1], args=args, train_dataset=data,
@@ -164,7 +169,8 @@ def test_the_dpo_family_equals_trls_dpo_trainer(loss_type, gpt2_pair, tmp_path):
       reference,
     )
     assert losses.dtype == np.float64
-    np.testing.assert_allclose(float(np.mean(losses)), want, rtol=1e-6, atol=1e-7)
+    nll = -np.sum(policy.chosen) / np.sum(policy.chosen_tokens)  # TRL's 'sft' term
+    np.testing.assert_allclose(np.mean(losses) + weight * nll, want, rtol=1e-6, atol=1e-7)
 
   task = pref.Preference(options=pref.PreferenceOptions(**options, reference=f"hf:{reference_dir}"))
   ours, params = setup.load_trained(f"hf:{policy_dir}")
@@ -280,6 +286,10 @@ def test_the_reference_is_the_init_weights_frozen_and_checkpointed(sft_run, tmp_
                  jax.tree_util.tree_leaves_with_path(state["opt_state"]))  # fmt: skip
   log = [json.loads(line) for line in open(os.path.join(tmp_path, "metrics.jsonl"))]
   first = next(r for r in log if r.get("step") == 1 and "rewards/margins" in r)
+  import matplotlib.image
+
+  height, width = matplotlib.image.imread(os.path.join(tmp_path, "curves.png")).shape[:2]
+  assert (width, height) == (1800, 450)  # loss, learning rate and the reward margin
   # the first update's policy is the reference (to XLA's rounding of the two passes)
   assert abs(first["rewards/margins"]) < 1e-6
   assert math.isclose(first["loss"], math.log(2), rel_tol=1e-6)
@@ -335,6 +345,7 @@ def test_kill_and_resume_mid_dpo_is_bit_exact(sft_run, tmp_path):
     ({"loss_type": "hinge", "label_smoothing": 0.1}, "task.label_smoothing"),
     ({"loss_type": "robust", "label_smoothing": 0.5}, "task.label_smoothing"),
     ({"loss_type": "simpo", "reference": "runs/sft"}, "task.reference"),
+    ({"loss_type": "orpo", "sft_weight": 1.0}, "task.sft_weight"),
   ],
 )
 def test_bad_preference_settings_fail_in_one_line(sft_run, task, field):
@@ -368,3 +379,34 @@ def test_a_dataset_without_the_pair_columns_names_the_data(sft_run, tmp_path):
   with pytest.raises(ValueError, match=r"^config.data.path=.*'rejected'") as error:
     setup.build(exp, str(tmp_path / "run"))
   assert "\n" not in str(error.value)
+
+
+def _make_arith_pairs():
+  """scripts/make_arith_pairs.py as a module (the package does not import it)."""
+  path = Path(__file__).resolve().parents[1] / "scripts" / "make_arith_pairs.py"
+  spec = importlib.util.spec_from_file_location("make_arith_pairs", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_dpo_arith_tunes_an_sft_arith_run_on_its_own_wrong_answers(tmp_path):
+  """configs/dpo_arith.py's two steps on the pairs scripts/make_arith_pairs.py draws from a
+  two-step sft_arith run: each training pair rejects an answer the model sampled, never the
+  right one; the held-out pairs are data/arith's test prompts, scored by exact match."""
+  sft = tmp_path / "sft"
+  train_lib.train_and_evaluate(tiny("sft_arith"), str(sft))
+  script = _make_arith_pairs()
+  counts = script.write(str(sft), sft / "pairs", prompts=48, samples=2, seed=0)
+  train = [json.loads(line) for line in open(sft / "pairs" / "train.jsonl")]
+  test = [json.loads(line) for line in open(sft / "pairs" / "test.jsonl")]
+  assert counts == {"train": len(train), "test": 1000} and 0 < len(train) <= 48
+  references = {c[0]["content"]: c[1]["content"] for c in script.conversations("train")}
+  for row in train:
+    (turn,), chosen, rejected = row["prompt"], row["chosen"][0], row["rejected"][0]
+    assert chosen["content"] == references[turn["content"]] != rejected["content"]
+  config = tiny("dpo_arith", init_from=str(sft), **{"evaluate.exact_match.examples": 8})
+  config.data.update(path=str(sft / "pairs"), tokenizer_from=str(sft))
+  metrics = train_lib.train_and_evaluate(config, str(tmp_path / "dpo"))
+  assert math.isfinite(metrics["loss"]) and 0.0 <= metrics["exact_match"] <= 1.0
+  assert len(test) == 1000 and {r["prompt"][0]["content"] for r in test}.isdisjoint(references)

@@ -72,6 +72,7 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "finetune_dinov2_digits": ((TINY_DINOV2,), {}, {"max_len": 10}),  # hf: 28 px trained at 42
   "sft_arith": ((None,), {}, {}),  # data.kind='sft': the shipped arithmetic conversations
   "sft_chat": ((TINY_GPT2,), {}, {}),  # hf: the tiny GPT-2's chat template, LoRA
+  "dpo_arith": ((None,), {}, {}),  # preference: pairs of an sft_arith run (test_preference.py)
 }
 # Configs whose data is a standard TFDS dataset: they train two steps on
 # `tfds.testing.mock_data` in tests/test_tfds_configs.py (`TFDS_CONFIGS` checked below).
@@ -132,7 +133,7 @@ def tiny(stem: str, **loop):
     batch_size=8, seq_len=16, grad_accum_steps=1, num_train_steps=2, log_every=1, eval_every=0,
     eval_batches=1, checkpoint_every=2, parallelism="jit",
   )  # fmt: skip
-  if d.kind == "sft":  # rows that hold a whole conversation, its answer included
+  if d.kind in ("sft", "preference"):  # rows that hold a whole conversation, its answer too
     config.seq_len = m.max_len = 48
   no_decoding = {"evaluate.sample.max_new_tokens": 0, "evaluate.bleu.every": 0}
   no_decoding["evaluate.exact_match.examples"] = 16  # a few held-out answers
@@ -204,7 +205,7 @@ def span_workdir(tmp_path_factory):
   sorted(
     set(RECIPES)
     - {"mlm_bible", "classify_testament", "span_bible", "translate_en_es", *TFDS_CONFIGS}
-    - {"distill_shakespeare"}
+    - {"distill_shakespeare", "dpo_arith"}
   ),
 )
 def test_config_trains_two_steps(stem, tmp_path):

@@ -31,6 +31,8 @@ SimPO and ORPO are reference-free and load none.
   config.task.label_smoothing  in [0, 0.5): conservative DPO (sigmoid), robust DPO, SimPO
   config.task.gamma            SimPO's target reward margin
   config.task.reference        above
+  config.task.sft_weight       adds that times the mean NLL of the chosen tokens to a
+                               DPO-family loss (TRL's loss_type [..., 'sft'], RPO)
 
 Metrics, as TRL names them: rewards/chosen, rewards/rejected, rewards/margins,
 rewards/accuracies (the share of pairs whose chosen reward is strictly higher),
@@ -84,6 +86,7 @@ class PreferenceOptions:
   label_smoothing: float = 0.0
   gamma: float = 0.5  # SimPO's target margin (TRL's simpo_gamma)
   reference: str = ""  # '' = init_from (LoRA: the base weights); or a workdir, hf:DIR
+  sft_weight: float = 0.0  # weight of the chosen tokens' mean NLL added (TRL's 'sft' loss)
 
   def __post_init__(self):
     if self.loss_type not in pl.LOSS_TYPES:
@@ -99,6 +102,11 @@ class PreferenceOptions:
       fail("task.gamma", self.gamma, "must be a number >= 0")
     if self.reference and self.loss_type in pl.REFERENCE_FREE:
       fail("task.reference", self.reference, f"loss_type {self.loss_type!r} has no reference")
+    if not (math.isfinite(self.sft_weight) and self.sft_weight >= 0):
+      fail("task.sft_weight", self.sft_weight, "must be a number >= 0")
+    if self.sft_weight and self.loss_type in pl.REFERENCE_FREE:
+      rule = f"adds to the DPO family's losses, not to loss_type {self.loss_type!r}"
+      fail("task.sft_weight", self.sft_weight, rule)
 
 
 def completion_ids(tok: Any, prompt: Any, completion: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -254,6 +262,12 @@ class Preference(Task):
     losses, chosen, rejected, extra = pl.pair_losses(
       o.loss_type, o.beta, o.label_smoothing, o.gamma, policy, reference
     )
+    loss_sum = total(losses)
+    if o.sft_weight:  # TRL's 'sft' term: the mean NLL of the batch's chosen tokens
+      tokens = jnp.sum(jnp.where(valid, policy.chosen_tokens, 0.0))
+      nll = total(-policy.chosen) / jnp.maximum(tokens, 1.0)
+      loss_sum = loss_sum + o.sft_weight * nll * pairs
+      metrics["sft_loss"] = nll * pairs
     metrics |= {
       "rewards/chosen": total(chosen),
       "rewards/rejected": total(rejected),
@@ -261,7 +275,7 @@ class Preference(Task):
       "rewards/accuracies": total((chosen > rejected).astype(jnp.float32)),
       **{k: total(v) for k, v in extra.items()},
     }
-    return total(losses), pairs, metrics
+    return loss_sum, pairs, metrics
 
   def init_args(self, batch):
     kwargs = {"positions": batch["chosen_positions"], "segment_ids": batch["chosen_segment_ids"]}

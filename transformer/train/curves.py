@@ -1,6 +1,7 @@
 """Training curves as PNG files: loss (train solid, eval dashed) and learning rate against
-step, for one run or several overlaid (`plot_curves`), on matplotlib figures of an exact
-pixel size drawn without a display (`png_figure`, `save_png`).
+step, plus a panel for each of `PANELS` a run logs (a preference run's reward margin, the
+held-out exact match), for one run or several overlaid (`plot_curves`), on matplotlib
+figures of an exact pixel size drawn without a display (`png_figure`, `save_png`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from etils import epath
 
 from transformer.data.files import is_remote, read_jsonl, write_atomic
 
+PANELS = ("rewards/margins", "exact_match")  # drawn where a run logs them (train and eval)
+
 
 def plot_curves(
   jsonl_paths: str | os.PathLike | Sequence[str | os.PathLike],
@@ -26,11 +29,13 @@ def plot_curves(
   height_px: int = 450,
   dpi: int = 100,
 ) -> str:
-  """Draws loss (train solid, eval dashed) and learning rate against step to a PNG.
+  """Draws loss (train solid, eval dashed), learning rate and the `PANELS` the runs log
+  against step to a PNG.
 
   Args:
     jsonl_paths: one metrics.jsonl path or several (runs overlaid).
-    out_png: output file (.png), exactly `width_px` x `height_px` pixels.
+    out_png: output file (.png), exactly `width_px` x `height_px` pixels for the two
+      panels, `width_px` / 2 wider for each further one.
     labels: one legend label per run (default: the file's directory name).
     loss_key: scalar plotted in the loss panel, for train and eval.
     lr_key: train scalar plotted in the learning-rate panel.
@@ -54,21 +59,25 @@ def plot_curves(
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
       raise ValueError(f"{name} must be an int >= 1; got {value!r}")
 
-  fig = png_figure(width_px, height_px, dpi)
-  loss_ax, lr_ax = fig.subplots(1, 2)
-  for index, (path, label) in enumerate(zip(paths, labels, strict=True)):
+  runs = [read_jsonl(path) for path in paths]
+  extra = [k for k in PANELS if any(_series(r, s, k)[0] for r in runs for s in ("train", "eval"))]
+  fig = png_figure(width_px + len(extra) * (width_px // 2), height_px, dpi)
+  loss_ax, lr_ax, *extra_axes = fig.subplots(1, 2 + len(extra), squeeze=False)[0]
+  for index, (records, label) in enumerate(zip(runs, labels, strict=True)):
     color = f"C{index % 10}"
-    records = read_jsonl(path)
-    for split, style in (("train", "-"), ("eval", "--o")):
-      steps, values = _series(records, split, loss_key)
-      if steps:
-        loss_ax.plot(steps, values, style, color=color, markersize=3, label=f"{label} {split}")
+    for ax, key in ((loss_ax, loss_key), *zip(extra_axes, extra, strict=True)):
+      for split, style in (("train", "-"), ("eval", "--o")):
+        steps, values = _series(records, split, key)
+        if steps:
+          ax.plot(steps, values, style, color=color, markersize=3, label=f"{label} {split}")
     steps, values = _series(records, "train", lr_key)
     if steps:
       lr_ax.plot(steps, values, "-", color=color, label=label)
   loss_ax.set(xlabel="step", ylabel=loss_key, title="loss")
   lr_ax.set(xlabel="step", ylabel=lr_key, title="learning rate")
-  for ax in (loss_ax, lr_ax):
+  for ax, key in zip(extra_axes, extra, strict=True):
+    ax.set(xlabel="step", ylabel=key, title=key)
+  for ax in (loss_ax, lr_ax, *extra_axes):
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
       ax.legend(fontsize="small")
