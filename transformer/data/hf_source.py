@@ -20,10 +20,9 @@
   text (a nested field by its dotted name: 'translation.de'), or for a chat task
   (`conversations`) `text_column` a list of {role, content} messages; a preference task
   (`preference`) reads TRL's columns `prompt`, `chosen` and `rejected`, each text or a
-  conversation; `label_column` class
-  labels, integers or strings (strings become ids in the order of `data.label_names`, or sorted);
-  `image_column` images. A missing column or one of another type is one error line naming
-  the field and the data.
+  conversation; `label_column` class labels, integers or strings (strings become ids in
+  the order of `data.label_names`, or sorted); `image_column` images. A missing column or
+  one of another type is one error line naming the field and the data.
 - **Bad records**: a record with a null in a column the task reads (or a label outside
   `label_names`) is never trained on. Such records are counted over the whole split up
   front (Arrow's null counts; no record is read), skipped with a warning, and reported in
