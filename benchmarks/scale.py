@@ -23,7 +23,7 @@ from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.train.machine import cpu_isa
 from transformer.train.parallel import StepRunner, make_mesh
-from transformer.train.step import StepConfig, create_train_state
+from transformer.train.step import StepConfig, create_train_state, train_step
 
 
 def _gpt(**fields) -> ModelConfig:
@@ -37,7 +37,10 @@ def _compiled(cfg: ModelConfig, batch: int, seq: int):
   model = build_model(cfg)
   tx = optax.adamw(1e-3)
   runner = StepRunner(
-    StepConfig(model=model, tx=tx, task=tasks.get("lm")()), "jit", make_mesh(jax.devices()[:1])
+    StepConfig(model=model, tx=tx, task=tasks.get("lm")()),
+    "jit",
+    make_mesh(jax.devices()[:1]),
+    update=train_step,
   )
   init = lambda r: model.init(r, jnp.ones((1, seq), jnp.int32))["params"]
   params = jax.eval_shape(init, jax.random.PRNGKey(0))

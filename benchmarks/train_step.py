@@ -45,7 +45,7 @@ from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model, flops_per_token
 from transformer.train.machine import cpu_isa
 from transformer.train.parallel import StepRunner, make_mesh
-from transformer.train.step import StepConfig, create_train_state
+from transformer.train.step import StepConfig, create_train_state, train_step
 
 # The reference GPT; the other workloads keep its sizes.
 REFERENCE = dict(
@@ -214,7 +214,7 @@ class OursStep:
       tx=tx,
       task=w.task,
     )
-    self.runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
+    self.runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]), update=train_step)
     rng = np.random.default_rng(seed)
     self.batches = [make_batch(w, rng) for _ in range(num_batches)]
     init_batch = {k: v[:1] for k, v in self.batches[0].items()}

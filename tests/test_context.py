@@ -21,7 +21,7 @@ from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.tasks import losses
 from transformer.train.parallel import StepRunner
-from transformer.train.step import StepConfig, create_train_state
+from transformer.train.step import StepConfig, create_train_state, train_step
 
 B, T, V = 4, 32, 48
 MESHES = (
@@ -215,7 +215,9 @@ def test_trains_like_one_device_through_the_step():
     model = build_model(cfg)
     tx = optax.adamw(3e-3, eps=1e-4)
     mesh = partitioning.make_mesh(mesh_shape, devices)
-    runner = StepRunner(StepConfig(model=model, tx=tx, task=tasks.get(kind)()), "jit", mesh)
+    runner = StepRunner(
+      StepConfig(model=model, tx=tx, task=tasks.get(kind)()), "jit", mesh, update=train_step
+    )
     args, kwargs = tasks.get(kind)().init_args(jax.tree.map(lambda x: x[:1], batches[0]))
     params = jax.jit(lambda r: model.init(r, *args, **kwargs))(jax.random.PRNGKey(0))["params"]
     return runner, create_train_state(jax.device_get(params), tx, jax.random.PRNGKey(1))

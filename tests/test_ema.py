@@ -34,7 +34,7 @@ from transformer.train import loop as train_lib
 from transformer.train.checkpoints import CheckpointManager
 from transformer.train.optimizer import create_optimizer
 from transformer.train.parallel import StepRunner, make_mesh
-from transformer.train.step import StepConfig, create_train_state
+from transformer.train.step import StepConfig, create_train_state, train_step
 
 LEGACY_RUN = os.path.join(os.path.dirname(__file__), "fixtures", "legacy_lm_run")
 DECAY = 0.2  # with warmup: d_t = min(0.2, (1 + t) / (10 + t)) = 0.1, 0.18.., 0.2, 0.2
@@ -50,7 +50,7 @@ def test_ema_in_the_step_equals_the_numpy_recurrence_and_skips_bad_updates():
   step_cfg = StepConfig(
     model=model, tx=tx, task=tasks.get("lm")(), ema_decay=DECAY, ema_warmup=True
   )
-  runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
+  runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]), update=train_step)
   state = runner.place_state(create_train_state(params, tx, jax.random.PRNGKey(1), ema=True))
   rng = np.random.default_rng(0)
   history = [jax.device_get(state.params)]  # p_0, p_1, ...

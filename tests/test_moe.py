@@ -30,7 +30,7 @@ from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.train import experiment
 from transformer.train.parallel import StepRunner, make_mesh
-from transformer.train.step import StepConfig, create_train_state, summarize_eval
+from transformer.train.step import StepConfig, create_train_state, summarize_eval, train_step
 
 D, F, E = 16, 24, 4
 
@@ -236,7 +236,7 @@ def _moe_losses(c: ModelConfig, mesh, batches, train: bool):
   model = build_model(c)
   tx = optax.sgd(0.3)
   step_cfg = StepConfig(model=model, tx=tx, task=tasks.get("lm")())
-  runner = StepRunner(step_cfg, "jit", mesh)
+  runner = StepRunner(step_cfg, "jit", mesh, update=train_step)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
   state = runner.place_state(create_train_state(params, tx, jax.random.PRNGKey(1)))
   names = ("loss", "moe_balance_loss", "moe_router_z_loss")

@@ -29,7 +29,7 @@ from transformer.tasks.lm import LanguageModeling
 from transformer.train import experiment
 from transformer.train import loop as train_lib
 from transformer.train.parallel import StepRunner, make_mesh
-from transformer.train.step import StepConfig, create_train_state
+from transformer.train.step import StepConfig, create_train_state, train_step
 
 
 def _scores(embedding: jax.Array, batch) -> jax.Array:
@@ -100,7 +100,7 @@ def _runner(task, parallelism="jit", devices=1, accum=1):
   tx = optax.sgd(1.0)  # the update is minus the gradient
   step_cfg = StepConfig(model=model, tx=tx, task=task, grad_accum_steps=accum)
   mesh = make_mesh(jax.devices()[:devices]) if parallelism == "jit" else None
-  runner = StepRunner(step_cfg, parallelism, mesh)
+  runner = StepRunner(step_cfg, parallelism, mesh, update=train_step)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
   return runner, create_train_state(params, tx, jax.random.PRNGKey(1))
 

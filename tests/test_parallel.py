@@ -18,7 +18,7 @@ from transformer.nn.config import ModelConfig
 from transformer.nn.models import build_model
 from transformer.train.checkpoints import CheckpointManager
 from transformer.train.parallel import StepRunner
-from transformer.train.step import StepConfig, create_train_state
+from transformer.train.step import StepConfig, create_train_state, train_step
 
 B, T, V = 16, 8, 32
 SINGLE = {"data": 1}
@@ -92,7 +92,9 @@ def _setup(family: str, mesh_shape: dict, kind: str):
   tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(3e-3, eps=1e-4, weight_decay=0.01))
   devices = jax.devices()[:1] if mesh_shape == SINGLE else None
   mesh = partitioning.make_mesh(mesh_shape, devices)
-  runner = StepRunner(StepConfig(model=model, tx=tx, task=_smoothed(tasks.get(kind))), "jit", mesh)
+  runner = StepRunner(
+    StepConfig(model=model, tx=tx, task=_smoothed(tasks.get(kind))), "jit", mesh, update=train_step
+  )
   args, kwargs = tasks.get(kind)().init_args(jax.tree.map(lambda x: x[:1], _batches(kind, 1)[0]))
   params = jax.jit(lambda r: model.init(r, *args, **kwargs))(jax.random.PRNGKey(0))["params"]
   return runner, create_train_state(jax.device_get(params), tx, jax.random.PRNGKey(1))
@@ -194,7 +196,8 @@ def test_checkpoint_from_8_devices_restores_on_4_and_1_and_continues(tmp_path):
     (SINGLE, jax.devices()[:1]),
   ):
     runner, fresh = _setup("decoder", SINGLE, kind)
-    runner = StepRunner(runner.cfg, "jit", partitioning.make_mesh(shape, devices))
+    mesh = partitioning.make_mesh(shape, devices)
+    runner = StepRunner(runner.cfg, "jit", mesh, update=train_step)
     with CheckpointManager(tmp_path, async_save=False) as mgr:
       restored = mgr.restore(runner.state_target(jax.eval_shape(lambda f=fresh: f)))
     assert restored.step == 3

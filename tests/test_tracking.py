@@ -168,7 +168,7 @@ def test_profile_window_writes_a_trace_of_exactly_its_updates(tracked):
   with gzip.open(trace, "rb") as f:
     text = f.read()
   # One execution of the train step program per traced update (2 and 3).
-  assert text.count(b'"CommonPjRtLoadedExecutable::Execute (jit_train_step)"') == 2
+  assert text.count(b'"CommonPjRtLoadedExecutable::Execute (jit_update)"') == 2
   assert "profile of updates 2-3 -> " in tracked["first"]
   assert "profile_steps=(2, 3): starts before update 5; no trace" in tracked["second"]
 

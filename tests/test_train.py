@@ -27,7 +27,7 @@ from transformer.train import experiment
 from transformer.train import loop as train_lib
 from transformer.train import step as train_step_lib
 from transformer.train.parallel import StepRunner, make_mesh
-from transformer.train.step import StepConfig, create_train_state
+from transformer.train.step import StepConfig, create_train_state, train_step
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -72,7 +72,7 @@ def _runner(parallelism, devices=None, accum=1, clip=1.0, lr=3e-3):
     grad_accum_steps=accum,
   )
   mesh = make_mesh(devices) if devices is not None else None
-  runner = StepRunner(step_cfg, parallelism, mesh)
+  runner = StepRunner(step_cfg, parallelism, mesh, update=train_step)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
   return runner, create_train_state(params, tx, jax.random.PRNGKey(1))
 
@@ -139,7 +139,7 @@ def _mlm_runner(max_predictions):
     tx=tx,
     task=MaskedLanguageModeling(max_predictions, options=MLMOptions(label_smoothing=0.1)),
   )
-  runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]))
+  runner = StepRunner(step_cfg, "jit", make_mesh(jax.devices()[:1]), update=train_step)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), jnp.ones((1, 8), jnp.int32))["params"]
   return runner, create_train_state(params, tx, jax.random.PRNGKey(1)), model
 

@@ -1,12 +1,14 @@
 """The training loop, `train_and_evaluate(config, workdir)`, top to bottom; and `main`,
-the command (`python train.py`, `transformer-train`), at the end. Copy this file to fork it.
+the command (`python train.py`, `transformer-train`), at the end. Copy this file to fork it:
+`update`, one optimizer update, is defined here and handed to the machinery that compiles
+it, so a copy's changed `update` is the one its run trains with.
 
   validate the config -> guard the run (lock, SIGTERM, peers) -> build (`setup.build`:
-  data, model, optimizer, compiled steps) -> restore the latest checkpoint (train state +
-  data position) or load `init_from` -> for each update: next batch, `train_step`, then
-  the periodic actions (`train/actions.py`: log, evaluate, save) -> curves PNG and the
-  evaluators that run at the end (an LM's sample). Rerunning the command continues an
-  interrupted run exactly.
+  data, model, optimizer, `update` compiled on the mesh) -> restore the latest checkpoint
+  (train state + data position) or load `init_from` -> for each update: next batch, the
+  compiled `update`, then the periodic actions (`train/actions.py`: log, evaluate, save)
+  -> curves PNG and the evaluators that run at the end (an LM's sample). Rerunning the
+  command continues an interrupted run exactly.
 
 Faults (docs/RELIABILITY.md) are the business of one `RunGuard` (`train/guard/`), entered
 once and asked questions: a killed run resumes bit-exactly from its latest checkpoint;
@@ -45,6 +47,7 @@ from ml_collections import config_flags
 
 from transformer import cli
 from transformer.tasks import Run
+from transformer.tasks.base import Batch
 from transformer.train import (
   checkpoints,
   compile_cache,
@@ -52,6 +55,7 @@ from transformer.train import (
   experiment,
   finetune,
   setup,
+  step,
   telemetry,
   tracking,
 )
@@ -62,8 +66,19 @@ from transformer.train.guard.run_record import RunRecord
 from transformer.train.guard.startup import maybe_initialize
 from transformer.train.metric_writers import MetricWriter
 from transformer.train.overview import parameter_overview
-from transformer.train.step import copy_params
+from transformer.train.step import StepConfig, TrainState, copy_params
 from transformer.train.workdir import prepare_workdir
+
+
+def update(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[TrainState, dict]:
+  """One optimizer update: the mean gradient of the task's loss over the global batch
+  (`step.gradients`), then the optimizer's step with its NaN/Inf and empty-update guards,
+  the EMA and the logged metrics (`step.apply_gradients`). Change it here to fork the
+  update (gradient noise, a second optimizer, ...). It runs compiled (`train/parallel.py`:
+  jit over the mesh with the state's shardings, donating the state, or pmap), so it is pure
+  and returns a state of the structure, shapes and dtypes it received."""
+  grads, sums = step.gradients(state, batch, cfg)
+  return step.apply_gradients(state, grads, sums, batch, cfg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +110,7 @@ def train_and_evaluate(
   with RunGuard(workdir, exp.faults) as guard:  # lock, SIGTERM, peers, storage
     # Build, then restore the latest checkpoint (or start from `init_from`).
     hooks.enter("build", 0)
-    s = setup.build(exp, workdir)
+    s = setup.build(exp, workdir, update=update)
     exp, runner = s.exp, s.runner  # the task as built (e.g. with a distillation teacher)
     setup.check_same_model(workdir, s.model_cfg)
     ckpt = checkpoints.CheckpointManager(
@@ -124,9 +139,9 @@ def train_and_evaluate(
       )
       with writer:
         writer.write_hparams(config)
-        # The compiled update: `runner.train_step` is `jax.jit(step.train_step)` with the
-        # state's and the batch's shardings on the mesh, donating the state (or its
-        # `jax.pmap` over the local devices), built as the state is placed.
+        # The compiled update: `runner.train_step` is `jax.jit(update)` with the state's
+        # and the batch's shardings on the mesh, donating the state (or its `jax.pmap`
+        # over the local devices), built as the state is placed.
         state = runner.place_state(state)
 
         def view(state) -> Run:  # the model as the evaluators see it

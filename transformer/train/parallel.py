@@ -1,6 +1,8 @@
 """Running the steps on many devices: `jax.jit` over a mesh, or `jax.pmap`.
 
-`StepRunner` hides the difference from the loop.
+`StepRunner` hides the difference from the loop. It compiles the update it is given (the
+loop's own, `(state, batch, *, cfg) -> (state, metrics)`) and imports none: a copied
+`train/loop.py` with another update runs that update.
 
 'jit': one global program over a ('data', 'fsdp', 'tensor') mesh (`transformer.nn.partitioning`).
   Parameters and optimizer state are laid out by the logical-axis rules (replicated for
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -23,9 +25,11 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer.nn import partitioning
-from transformer.train.step import StepConfig, TrainState, eval_step, train_step
+from transformer.train.step import StepConfig, TrainState, eval_step
 
 PMAP_AXIS = "batch"
+
+Update = Callable[..., tuple[TrainState, dict]]  # (state, batch, *, cfg) -> (state, metrics)
 
 
 def make_mesh(devices: list | None = None, shape: Mapping[str, int] | None = None) -> Mesh:
@@ -34,7 +38,7 @@ def make_mesh(devices: list | None = None, shape: Mapping[str, int] | None = Non
 
 
 class StepRunner:
-  """Compiles and runs train / eval steps with the chosen parallelism."""
+  """Compiles and runs `update` and the evaluation step with the chosen parallelism."""
 
   def __init__(
     self,
@@ -42,10 +46,12 @@ class StepRunner:
     parallelism: str,
     mesh: Mesh | None = None,
     rules: Mapping[str, Any] | None = None,
+    *,
+    update: Update,
   ):
     if parallelism not in ("jit", "pmap"):
       raise ValueError(f"parallelism must be jit or pmap, got {parallelism!r}")
-    self.parallelism, self.rules = parallelism, rules
+    self.parallelism, self.rules, self.update = parallelism, rules, update
     self.mesh = make_mesh() if mesh is None else mesh
     if parallelism == "jit":  # the steps pin activations to this mesh as they trace
       self.cfg = dataclasses.replace(cfg, layout=(self.mesh, rules))
@@ -60,7 +66,7 @@ class StepRunner:
       self.cfg = dataclasses.replace(cfg, axis_name=PMAP_AXIS)
       self.num_devices = jax.local_device_count()
       self.train_step = jax.pmap(
-        functools.partial(train_step, cfg=self.cfg), axis_name=PMAP_AXIS, donate_argnums=0
+        functools.partial(update, cfg=self.cfg), axis_name=PMAP_AXIS, donate_argnums=0
       )
       self._eval = jax.pmap(functools.partial(eval_step, cfg=self.cfg), axis_name=PMAP_AXIS)
 
@@ -80,8 +86,8 @@ class StepRunner:
 
   def _layout(self, state: TrainState) -> None:
     """Shardings of the state (from its parameters) and the steps compiled for them:
-    `self.train_step` is `jax.jit` of `step.train_step` taking the state and a global batch
-    with these shardings, donating the state."""
+    `self.train_step` is `jax.jit` of the update taking the state and a global batch with
+    these shardings, donating the state."""
     if self.parallelism != "jit" or self.state_sharding is not None:
       return
     abstract = jax.eval_shape(lambda: state)
@@ -90,7 +96,7 @@ class StepRunner:
     )
     self.param_sharding = self.state_sharding.params
     self.train_step = jax.jit(
-      functools.partial(train_step, cfg=self.cfg),
+      functools.partial(self.update, cfg=self.cfg),
       in_shardings=(self.state_sharding, self.batch_sharding),
       out_shardings=(self.state_sharding, self.replicated),
       donate_argnums=0,
@@ -155,18 +161,43 @@ class StepRunner:
     return metrics
 
   def train(self, state: TrainState, batch: dict[str, np.ndarray]) -> tuple[TrainState, dict]:
-    """`train_step` on a host batch of this process's rows (what the loop spells out)."""
+    """The update on a host batch of this process's rows (what the loop spells out)."""
     if self.train_step is None:
       raise RuntimeError("place_state(state) first: it fixes the state's layout")
     state, metrics = self.train_step(state, self.place_batch(batch))
     return state, self.unreplicate(metrics)
 
   def lower_train(self, state: TrainState, batch: dict[str, np.ndarray]) -> Any:
-    """The train step lowered for a placed `state` and a host batch of this process's rows.
-    Compiling it compiles what `train_step` then runs (same shapes: no second compilation)."""
+    """The train step lowered for a placed `state` and a host batch of this process's rows,
+    once the update is checked to return a state like `state`. Compiling it compiles what
+    `train_step` then runs (same shapes: no second compilation)."""
     if self.train_step is None:
       raise RuntimeError("place_state(state) first: it fixes the state's layout")
-    return self.train_step.lower(state, self.place_batch(batch))
+    placed = self.place_batch(batch)
+    self.check_update(state, placed)
+    return self.train_step.lower(state, placed)
+
+  def check_update(self, state: TrainState, placed: dict) -> None:
+    """Refuses, in one line naming the leaf, an update whose state out differs from the
+    state in (structure, shape or dtype): the compiled loop feeds one to the next."""
+    if self.parallelism == "jit":
+      out = jax.eval_shape(functools.partial(self.update, cfg=self.cfg), state, placed)
+    else:
+      out = jax.eval_shape(self.train_step, state, placed)
+    name = getattr(self.update, "__qualname__", repr(self.update))
+    if not (isinstance(out, tuple) and len(out) == 2):
+      raise TypeError(f"update {name}: must return (state, metrics), got {type(out).__name__}")
+    got = dict(jax.tree_util.tree_flatten_with_path(out[0])[0])
+    want = dict(jax.tree_util.tree_flatten_with_path(state)[0])
+    for path in [*want, *got]:
+      a, b = want.get(path), got.get(path)
+      if a is None or b is None or (a.shape, a.dtype) != (b.shape, b.dtype):
+        leaf, describe = jax.tree_util.keystr(path), lambda x: f"{x.dtype}{list(x.shape)}"
+        raise ValueError(
+          f"update {name}: returns the state's leaf {leaf} as "
+          f"{describe(b) if b is not None else 'nothing'}; it received "
+          f"{describe(a) if a is not None else 'no such leaf'}"
+        )
 
   def lower_eval(self, params: Any, batch: dict[str, np.ndarray]) -> Any:
     """The evaluation step lowered for `params` (placed, or abstract with their shardings)

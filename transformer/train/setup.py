@@ -29,8 +29,8 @@ from transformer.tasks import Task
 from transformer.train import compile_cache, finetune
 from transformer.train.experiment import Experiment, finalize_model
 from transformer.train.optimizer import create_optimizer
-from transformer.train.parallel import StepRunner
-from transformer.train.step import StepConfig, TrainState, create_train_state
+from transformer.train.parallel import StepRunner, Update
+from transformer.train.step import StepConfig, TrainState, create_train_state, train_step
 
 MODEL_CONFIG_FILE = "model_config.json"
 
@@ -74,9 +74,13 @@ def init_params(model, task: Task, info: DataInfo, seed: int, abstract: bool = F
   return jax.jit(init)(rng)["params"]
 
 
-def build(exp: Experiment, workdir: str, abstract: bool = False) -> Setup:
+def build(
+  exp: Experiment, workdir: str, abstract: bool = False, update: Update = train_step
+) -> Setup:
   """Data, model, optimizer, compiled steps and an initial state for `exp`; with
-  `abstract`, the state is shapes only (`jax.ShapeDtypeStruct`s: the dry run's)."""
+  `abstract`, the state is shapes only (`jax.ShapeDtypeStruct`s: the dry run's). `update`
+  is the function the runner compiles: the loop's own (`train/loop.py`), else the plain
+  `step.train_step`."""
   loop = exp.loop
   cache_folder = compile_cache.use(loop.compilation_cache_dir)  # programs reused across runs
   attention_impl, why = resolve_attention_impl(exp.model)  # a missing GPU / TPU fails here
@@ -111,7 +115,7 @@ def build(exp: Experiment, workdir: str, abstract: bool = False) -> Setup:
   )
   mesh = partitioning.make_mesh(exp.mesh.shape(), dcn=exp.mesh.dcn())
   print(f"mesh: {partitioning.describe(mesh)}")
-  runner = StepRunner(step_cfg, loop.parallelism, mesh, exp.rules)
+  runner = StepRunner(step_cfg, loop.parallelism, mesh, exp.rules, update=update)
   runner.check_batch_size(info.batch_size // loop.grad_accum_steps, "batch_size / grad_accum_steps")
   runner.check_batch_size(info.eval_batch_size, "data.eval_batch_size")
   initial = lambda p: create_train_state(

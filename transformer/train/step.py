@@ -1,14 +1,16 @@
 """The train state and the pure train and eval steps.
 
-`train_step(state, batch, *, static) -> (state, metrics)` is a module-level pure function,
-compiled once by `jax.jit` (mesh shardings; the global batch is one array) or `jax.pmap`
-(`axis_name`: gradients and sums are psum-ed). The objective is the task's
-(`Task.objective`: its `loss` plus a mixture-of-experts model's auxiliary losses): a loss
-sum, a normalizer (what the task averages over: tokens, pairs, sequences, images) and
-metric sums. The step differentiates the loss sum of every micro-batch, sums all three
-over micro-batches and devices, and divides by the global normalizer, so jit, pmap, one
-device and gradient accumulation all optimise the same number. It logs the loss and each
-metric sum over the normalizer, the normalizer itself, and the norms and learning rate.
+An update `(state, batch, *, cfg) -> (state, metrics)` is a pure function of two halves,
+`gradients` then `apply_gradients` (`train_step` is the plain one; the loop defines the
+one it runs), compiled once by `train/parallel.py` with `jax.jit` (mesh shardings; the
+global batch is one array) or `jax.pmap` (`axis_name`: gradients and sums are psum-ed).
+The objective is the task's (`Task.objective`: its `loss` plus a mixture-of-experts
+model's auxiliary losses): a loss sum, a normalizer (what the task averages over: tokens,
+pairs, sequences, images) and metric sums. The step differentiates the loss sum of every
+micro-batch, sums all three over micro-batches and devices, and divides by the global
+normalizer, so jit, pmap, one device and gradient accumulation all optimise the same
+number. It logs the loss and each metric sum over the normalizer, the normalizer itself,
+and the norms and learning rate.
 An update whose global normalizer is 0 (nothing to average over) is not applied; it is
 counted in `empty_count`.
 
@@ -167,8 +169,10 @@ def _denominator(normalizer: jax.Array) -> jax.Array:
   return jnp.where(normalizer > 0, normalizer, 1.0)
 
 
-def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[TrainState, dict]:
-  """One optimizer update on the (global) batch; returns the new state and metrics."""
+def gradients(state: TrainState, batch: Batch, cfg: StepConfig) -> tuple[Any, dict]:
+  """(the mean gradient of the loss over the global batch, the objective's global sums):
+  every micro-batch's gradient of its loss sum, summed over micro-batches and devices and
+  divided by the global normalizer (by 1 where it is 0)."""
   rng = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
   if cfg.axis_name is not None:  # each device draws its own dropout masks
     rng = jax.random.fold_in(rng, lax.axis_index(cfg.axis_name))
@@ -198,7 +202,16 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
   if cfg.axis_name is not None:
     grads, sums = lax.psum((grads, sums), cfg.axis_name)
   denom = _denominator(sums["normalizer"])
-  grads = jax.tree.map(lambda g: g / denom, grads)
+  return jax.tree.map(lambda g: g / denom, grads), sums
+
+
+def apply_gradients(
+  state: TrainState, grads: Any, sums: dict, batch: Batch, cfg: StepConfig
+) -> tuple[TrainState, dict]:
+  """The optimizer's update from `grads` (the mean gradient), applied unless it or the
+  batch holds a NaN/Inf or the global normalizer `sums['normalizer']` is 0; the EMA, the
+  counters and the logged metrics (`batch` is read for its finiteness only)."""
+  denom = _denominator(sums["normalizer"])
   updates, opt_state = cfg.tx.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)
 
@@ -238,6 +251,14 @@ def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[Tra
     step=state.step + 1, nonfinite_count=state.nonfinite_count + bad, first_nonfinite_step=first
   )
   return new_state, metrics
+
+
+def train_step(state: TrainState, batch: Batch, *, cfg: StepConfig) -> tuple[TrainState, dict]:
+  """One optimizer update on the (global) batch; returns the new state and metrics. The
+  loop (`train/loop.py`) spells out its own copy of these two lines, the update a fork
+  changes; this one serves the benchmarks and tests that build a `StepRunner` directly."""
+  grads, sums = gradients(state, batch, cfg)
+  return apply_gradients(state, grads, sums, batch, cfg)
 
 
 def eval_step(params: Any, batch: Batch, *, cfg: StepConfig) -> dict[str, jax.Array]:
