@@ -5,6 +5,7 @@ against the plain gradient plus the same noise computed apart."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import re
 import shutil
@@ -157,3 +158,22 @@ def test_an_update_that_changes_the_state_is_refused_before_the_first_step(tmp_p
   with pytest.raises((ValueError, TypeError), match=message):
     forked.train_and_evaluate(tiny_lm_config(), workdir, hooks)
   assert "train" not in phases and fh.saved_steps(workdir) == []
+
+
+def test_the_loop_reads_in_one_sitting():
+  """train/loop.py stays short, builds its actions with keyword arguments (`actions.for_run`
+  and the constructors it calls) and leaves the formatter on."""
+  loop_source = Path(train_lib.__file__).read_text()
+  assert len(loop_source.splitlines()) <= 300
+  assert "fmt: skip" not in loop_source
+  actions_file = Path(train_lib.__file__).with_name("actions.py")
+  constructors = {"Log", "Evaluate", "Save", "NonFinite", "Actions", "for_run"}
+  positional = []
+  for path in (Path(train_lib.__file__), actions_file):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Call):
+        name = getattr(node.func, "id", getattr(node.func, "attr", None))
+        allowed = 1 if name == "for_run" else 0  # for_run(s, ...): the run it acts for
+        if name in constructors and len(node.args) > allowed:
+          positional.append(f"{path.name}:{node.lineno} {name}")
+  assert positional == []

@@ -11,6 +11,7 @@ in order after every update:
   Save         a checkpoint every `checkpoint_every` updates, never past a NaN
 
 plus `evaluate` (loss metrics over an evaluation split; also `eval.py`'s) and `ema_view`.
+`for_run` builds a run's `Actions`, with the NaN/Inf watch and the profile window.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ from transformer.tasks import Run, Task
 from transformer.train import telemetry
 from transformer.train.checkpoints import CheckpointManager
 from transformer.train.experiment import Experiment
+from transformer.train.guard import NonFinite
 from transformer.train.metric_writers import MetricWriter
 from transformer.train.parallel import StepRunner
+from transformer.train.setup import Setup
 from transformer.train.step import summarize_eval
 
 
@@ -179,8 +182,10 @@ class Evaluate:
     for name, (factory, batches) in self.sources.items():
       if metrics is None:
         break
-      alone = evaluate(self.runner, state, factory, self.exp.eval.eval_batches, self.should_stop,
-                       total=batches, desc=f"evaluating {name} at step {done}")  # fmt: skip
+      desc = f"evaluating {name} at step {done}"
+      alone = evaluate(
+        self.runner, state, factory, self.exp.eval.eval_batches, self.should_stop, batches, desc
+      )
       metrics = None if alone is None else metrics | {f"{name}/{k}": v for k, v in alone.items()}
     if metrics is None:
       return None
@@ -248,10 +253,8 @@ class Evaluate:
 
   def loss(self, state, desc: str) -> dict | None:
     """The loss metrics alone (no log); None when interrupted (`should_stop`)."""
-    return evaluate(
-      self.runner, state, self.eval_factory, self.exp.eval.eval_batches, self.should_stop,
-      total=self.eval_batches_total, desc=desc,
-    )  # fmt: skip
+    batches, total = self.exp.eval.eval_batches, self.eval_batches_total
+    return evaluate(self.runner, state, self.eval_factory, batches, self.should_stop, total, desc)
 
 
 @dataclasses.dataclass
@@ -291,3 +294,81 @@ class Save:
     if wait:
       self.ckpt.wait_until_finished()
     return step
+
+
+@dataclasses.dataclass
+class Actions:
+  """The periodic actions of one run, in the order the loop calls them after an update."""
+
+  throughput: Throughput
+  nonfinite: NonFinite
+  log: Log
+  evaluation: Evaluate
+  save: Save
+  profile: telemetry.ProfileWindow
+
+
+def for_run(
+  s: Setup,
+  config: Any,
+  workdir: str,
+  start: int,
+  ckpt: CheckpointManager,
+  writer: MetricWriter,
+  should_stop_evaluation: Callable[[], bool],
+  flops_per_count: float = 0.0,
+  peak_flops: float | None = None,
+) -> Actions:
+  """The actions of a run built by `setup.build` (`s`) that continues after update `start`:
+  logging to `writer`, evaluating (abandoned when `should_stop_evaluation()`), saving to
+  `ckpt` (with `config`), counting NaN/Inf updates, and the profile window."""
+  exp, runner, loop = s.exp, s.runner, s.exp.loop
+
+  def view(state) -> Run:  # the model as the evaluators see it
+    host = runner.host_state(state)
+    step = int(jax.device_get(host.step))
+    return Run(s.model, host.params, s.info, s.eval_factory, exp.eval.eval_batches, workdir, step)
+
+  throughput = Throughput(exp.task)
+  log = Log(
+    every=loop.log_every,
+    first=start + 1,
+    total=loop.num_train_steps,
+    writer=writer,
+    throughput=throughput,
+    runner=runner,
+    skip_nonfinite=loop.skip_nonfinite,
+    flops_per_count=flops_per_count,
+    peak_flops=peak_flops,
+    sources=s.info.sources,
+  )
+  evaluation = Evaluate(
+    exp=exp,
+    runner=runner,
+    eval_factory=s.eval_factory,
+    eval_batches_total=s.info.eval_batches,
+    writer=writer,
+    view=view,
+    should_stop=should_stop_evaluation,
+    sources=s.info.eval_sources,
+  )
+  save = Save(
+    every=exp.checkpoint.checkpoint_every,
+    total=loop.num_train_steps,
+    best_metric=exp.checkpoint.best_metric,
+    ckpt=ckpt,
+    runner=runner,
+    train_iter=s.train_iter,
+    config=config,
+    writer=writer,
+  )
+  return Actions(
+    throughput=throughput,
+    nonfinite=NonFinite(skip=loop.skip_nonfinite, runner=runner, ckpt=ckpt),
+    log=log,
+    evaluation=evaluation,
+    save=save,
+    profile=telemetry.ProfileWindow(
+      workdir, exp.telemetry.profile_steps, start + 1, jax.process_index() == 0
+    ),
+  )

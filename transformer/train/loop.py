@@ -12,23 +12,12 @@ it, so a copy's changed `update` is the one its run trains with.
 
 Faults (docs/RELIABILITY.md) are the business of one `RunGuard` (`train/guard/`), entered
 once and asked questions: a killed run resumes bit-exactly from its latest checkpoint;
-SIGTERM (or, on several processes, JAX's preemption sync point) saves the current update
-within `preemption_grace_seconds` and returns {'preempted': 1.0, 'step': N}; a lost or
-stalled peer ends every process in one line; a NaN/Inf update is never applied and stops
-the run naming the step, the quantity and the last good checkpoint (or is skipped and
-counted with `skip_nonfinite`). `Hooks` let a caller
-watch the phases of a run and alter host batches (the fault-injection tests do; nothing of
-them is compiled into the step).
-
-With a parameter EMA (`config.ema_decay`) every evaluation also runs on the EMA weights,
-logged as split `eval_ema` and returned as `ema_loss`, ...; a checkpoint written without
-an EMA resumes with the EMA starting from its parameters.
-
-The console gets one short line per `log_every` updates (loss, learning rate, tokens/s,
-MFU where a peak is known, ETA; everything else goes to TensorBoard, metrics.jsonl and
-W&B if configured, `train/tracking.py`). At start (process 0): a parameter overview, the
-compiled train step's memory and the MFU inputs; the config goes to TensorBoard's HParams
-tab. `profile_steps` traces a window of updates with `jax.profiler`.
+SIGTERM (or JAX's preemption sync point) saves the current update within
+`preemption_grace_seconds` and returns {'preempted': 1.0, 'step': N}; a lost or stalled
+peer ends every process in one line; a NaN/Inf update is never applied and stops the run
+naming the step, the quantity and the last good checkpoint (or is skipped and counted
+with `skip_nonfinite`). `Hooks` let a caller watch the phases of a run and alter host
+batches (the fault-injection tests do; nothing of them is compiled into the step).
 """
 
 from __future__ import annotations
@@ -46,9 +35,9 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from transformer import cli
-from transformer.tasks import Run
 from transformer.tasks.base import Batch
 from transformer.train import (
+  actions,
   checkpoints,
   compile_cache,
   dry_run,
@@ -59,13 +48,12 @@ from transformer.train import (
   telemetry,
   tracking,
 )
-from transformer.train.actions import Evaluate, Log, Save, Throughput, ema_view, evaluate
+from transformer.train.actions import ema_view, evaluate
 from transformer.train.curves import plot_curves
-from transformer.train.guard import NonFinite, RunGuard
+from transformer.train.guard import RunGuard
 from transformer.train.guard.run_record import RunRecord
 from transformer.train.guard.startup import maybe_initialize
 from transformer.train.metric_writers import MetricWriter
-from transformer.train.overview import parameter_overview
 from transformer.train.step import StepConfig, TrainState, copy_params
 from transformer.train.workdir import prepare_workdir
 
@@ -105,27 +93,26 @@ def train_and_evaluate(
   tracking.check_available(exp.wandb)
   hooks = hooks or Hooks()
   workdir = prepare_workdir(workdir)
-  loop = exp.loop
   is_primary = jax.process_index() == 0
   with RunGuard(workdir, exp.faults) as guard:  # lock, SIGTERM, peers, storage
-    # Build, then restore the latest checkpoint (or start from `init_from`).
     hooks.enter("build", 0)
-    s = setup.build(exp, workdir, update=update)
-    exp, runner = s.exp, s.runner  # the task as built (e.g. with a distillation teacher)
+    s = setup.build(exp, workdir, update=update)  # `s.exp`: the task as built (a teacher)
     setup.check_same_model(workdir, s.model_cfg)
+    c, total = s.exp.checkpoint, s.exp.loop.num_train_steps
     ckpt = checkpoints.CheckpointManager(
       os.path.join(workdir, "checkpoints"),
-      max_to_keep=exp.checkpoint.keep_checkpoints,
-      best_metric=f"eval_{exp.checkpoint.best_metric}" if exp.checkpoint.best_metric else None,
-      best_mode=exp.checkpoint.best_mode,
+      max_to_keep=c.keep_checkpoints,
+      best_metric=f"eval_{c.best_metric}" if c.best_metric else None,
+      best_mode=c.best_mode,
     )
-    with guard.watching(ckpt):  # peers, storage failures; closes `ckpt` at the end
+    # A failed write becomes one line; `ckpt` waits for its writes and closes at the end.
+    with guard.watching(ckpt), ckpt:
       hooks.enter("restore", 0)
-      state, resumed = _restore_or_init(exp, s, ckpt)
+      state, resumed = _restore_or_init(s.exp, s, ckpt)
       if is_primary:
         checkpoints.write_config(config, workdir)
         setup.save_model_config(workdir, s.model_cfg)
-      start, total = int(jax.device_get(state.step)), loop.num_train_steps
+      start = int(jax.device_get(state.step))
       if guard.stopped_before_training():  # SIGTERM while building: nothing new to save
         print(f"{guard.source} before training started: nothing new to save; stopped")
         return {"preempted": 1.0, "step": float(start)}
@@ -142,96 +129,95 @@ def train_and_evaluate(
         # The compiled update: `runner.train_step` is `jax.jit(update)` with the state's
         # and the batch's shardings on the mesh, donating the state (or its `jax.pmap`
         # over the local devices), built as the state is placed.
-        state = runner.place_state(state)
-
-        def view(state) -> Run:  # the model as the evaluators see it
-          host = runner.host_state(state)
-          return Run(s.model, host.params, s.info, s.eval_factory, exp.eval.eval_batches,
-                     workdir, int(jax.device_get(host.step)))  # fmt: skip
-
-        flops_per_count, peak = _report_start(exp, s, state) if start < total else (0.0, None)
-        profile = telemetry.ProfileWindow(
-          workdir, exp.telemetry.profile_steps, start + 1, is_primary
+        state = s.runner.place_state(state)
+        # The parameter overview, the compiled step's memory and the MFU inputs.
+        flops, peak = telemetry.report_start(s, state) if start < total else (0.0, None)
+        acts = actions.for_run(
+          s,
+          config=config,
+          workdir=workdir,
+          start=start,
+          ckpt=ckpt,
+          writer=writer,
+          should_stop_evaluation=guard.should_stop_evaluation,
+          flops_per_count=flops,
+          peak_flops=peak,
         )
-
-        # The periodic actions (train/actions.py).
-        throughput = Throughput(exp.task)
-        nonfinite = NonFinite(loop.skip_nonfinite, runner, ckpt)
-        log = Log(loop.log_every, start + 1, total, writer, throughput, runner,
-                  loop.skip_nonfinite, flops_per_count, peak, s.info.sources)  # fmt: skip
-        evaluation = Evaluate(exp, runner, s.eval_factory, s.info.eval_batches, writer, view,
-                              should_stop=guard.should_stop_evaluation,
-                              sources=s.info.eval_sources)  # fmt: skip
-        save = Save(exp.checkpoint.checkpoint_every, total, exp.checkpoint.best_metric, ckpt,
-                    runner, s.train_iter, config, writer)  # fmt: skip
-
-        # The updates.
-        metrics: dict[str, float] = {}
-        stopped_at = None  # the update a preemption notice stopped the run after
-        hooks.enter("train", start)
-        try:
-          for done in range(start + 1, total + 1):
-            profile.before(done)
-            batch = next(s.train_iter)
-            guard.progress(done)
-            if hooks.batch is not None:
-              batch = hooks.batch(done, batch)
-            throughput.add(batch)
-            state, step_metrics = runner.train_step(state, runner.place_batch(batch))
-            step_metrics = runner.unreplicate(step_metrics)
-            profile.after(done, state)
-            nonfinite.record(done, step_metrics)
-            if guard.should_stop(done):
-              stopped_at = done
-              break
-            if log.due(done):
-              nonfinite.check(state)
-              log.run(state, done, step_metrics)
-            if done == start + 1:  # the evaluation step and the final sample compile meanwhile
-              evaluation.compile_ahead(state, setup.zeros_batch(s.info, train=False))
-            with throughput.paused():  # evaluations and saves do not count in the throughput
-              evaluated = None
-              if evaluation.due(done):
-                nonfinite.check(state)
-                hooks.enter("eval", done)
-                evaluated = evaluation.run(state, done)
-                if evaluated is None:  # a preemption notice arrived during it
-                  stopped_at = done
-                  break
-                metrics = evaluated
-                hooks.enter("train", done)
-              if save.due(done):
-                nonfinite.check(state)  # never checkpoint past a NaN
-                hooks.enter("save", done)
-                save.run(state, done, evaluated)
-                hooks.enter("train", done)
-        finally:
-          profile.close()
-
-        if stopped_at is not None:  # save this update (never past a NaN) within the grace
-          nonfinite.check(state)
-          hooks.enter("save", stopped_at)
-          guard.save_within_grace(lambda: save.save(state, wait=True), stopped_at, ckpt)
-          print(
-            f"{guard.source}: saved a checkpoint at step {stopped_at} in "
-            f"{ckpt.directory} and stopped; rerun the same command to resume"
-          )
-          metrics = {"preempted": 1.0, "step": float(stopped_at)}
-        elif start >= total:  # already finished: evaluate the restored state again
-          metrics = _evaluate_again(exp, runner, s, state, start)
+        state, metrics = _train(s, state, start, acts, guard, ckpt, hooks)
 
         # The end: curves, and the evaluators that run at the end (an LM's sample).
         hooks.enter("finish", int(metrics.get("step", total)))
-        evaluation.wait_for_ahead()
+        acts.evaluation.wait_for_ahead()
         ckpt.wait_until_finished()
         writer.flush()
         if is_primary:
           plot_curves([writer.jsonl_path], os.path.join(workdir, "curves.png"))
-        if not metrics.get("preempted") and is_primary:
-          evaluation.finish(state)  # the evaluators that run at the end (an LM's sample)
-        if is_primary and s.cache_folder:
-          print(compile_cache.summary(s.cache_folder))
+          if not metrics.get("preempted"):
+            acts.evaluation.finish(state)
+          if s.cache_folder:
+            print(compile_cache.summary(s.cache_folder))
       return metrics
+
+
+def _train(s: setup.Setup, state, start: int, acts: actions.Actions, guard, ckpt, hooks: Hooks):
+  """The updates from `start` on, each followed by the actions due; returns (the state,
+  the last evaluation's metrics), or after a preemption notice saves the update it came
+  in (within the grace), (the state, {'preempted': 1.0, 'step': N})."""
+  runner, total = s.runner, s.exp.loop.num_train_steps
+  metrics: dict[str, float] = {}
+  stopped_at = None  # the update a preemption notice stopped the run after
+  hooks.enter("train", start)
+  try:
+    for done in range(start + 1, total + 1):
+      acts.profile.before(done)
+      batch = next(s.train_iter)
+      guard.progress(done)
+      if hooks.batch is not None:
+        batch = hooks.batch(done, batch)
+      acts.throughput.add(batch)
+      state, step_metrics = runner.train_step(state, runner.place_batch(batch))
+      step_metrics = runner.unreplicate(step_metrics)
+      acts.profile.after(done, state)
+      acts.nonfinite.record(done, step_metrics)
+      if guard.should_stop(done):
+        stopped_at = done
+        break
+      if acts.log.due(done):
+        acts.nonfinite.check(state)
+        acts.log.run(state, done, step_metrics)
+      if done == start + 1:  # the evaluation step and the final sample compile meanwhile
+        acts.evaluation.compile_ahead(state, setup.zeros_batch(s.info, train=False))
+      with acts.throughput.paused():  # evaluations and saves do not count in the throughput
+        evaluated = None
+        if acts.evaluation.due(done):
+          acts.nonfinite.check(state)
+          hooks.enter("eval", done)
+          evaluated = acts.evaluation.run(state, done)
+          if evaluated is None:  # a preemption notice arrived during it
+            stopped_at = done
+            break
+          metrics = evaluated
+          hooks.enter("train", done)
+        if acts.save.due(done):
+          acts.nonfinite.check(state)  # never checkpoint past a NaN
+          hooks.enter("save", done)
+          acts.save.run(state, done, evaluated)
+          hooks.enter("train", done)
+  finally:
+    acts.profile.close()
+
+  if stopped_at is not None:  # save this update (never past a NaN) within the grace
+    acts.nonfinite.check(state)
+    hooks.enter("save", stopped_at)
+    guard.save_within_grace(lambda: acts.save.save(state, wait=True), stopped_at, ckpt)
+    print(
+      f"{guard.source}: saved a checkpoint at step {stopped_at} in "
+      f"{ckpt.directory} and stopped; rerun the same command to resume"
+    )
+    return state, {"preempted": 1.0, "step": float(stopped_at)}
+  if start >= total:  # already finished: evaluate the restored state again
+    return state, _evaluate_again(s.exp, runner, s, state, start)
+  return state, metrics
 
 
 def _restore_or_init(exp: experiment.Experiment, s: setup.Setup, ckpt) -> tuple[Any, bool]:
@@ -263,30 +249,13 @@ def _restore_or_init(exp: experiment.Experiment, s: setup.Setup, ckpt) -> tuple[
   return state, False
 
 
-def _report_start(exp: experiment.Experiment, s: setup.Setup, state) -> tuple[float, Any]:
-  """Once before the first update: the parameter overview, the compiled train step's
-  memory (compiling the step the loop then runs) and the MFU inputs (printed by process
-  0). Returns (training FLOPs per unit the task counts, the peak FLOP/s of one device)."""
-  tele = exp.telemetry
-  overview = parameter_overview(s.runner.host_state(state).params)
-  compiled = s.runner.lower_train(state, setup.zeros_batch(s.info)).compile()
-  memory = telemetry.memory_summary(compiled)
-  flops_per_count = exp.task.flops_per_count(s.model_cfg, s.info)
-  peak, why = telemetry.peak_flops(tele.peak_flops, tele.measure_peak_flops, s.model_cfg.dtype)
-  if jax.process_index() == 0:
-    print(overview.table())
-    print(memory or "compiled train step: the backend reports no memory analysis")
-    print(telemetry.flops_summary(flops_per_count, peak, why, jax.device_count()))
-  return flops_per_count, peak
-
-
 def _evaluate_again(exp: experiment.Experiment, runner, s: setup.Setup, state, step: int) -> dict:
   """The loss metrics (and the EMA's, as `ema_<name>`) of a run that had already finished."""
   metrics = evaluate(runner, state, s.eval_factory, exp.eval.eval_batches)
   if exp.ema.enabled:
     desc = f"evaluating the EMA at step {step}"
-    ema = evaluate(runner, ema_view(state), s.eval_factory, exp.eval.eval_batches,
-                   total=s.info.eval_batches, desc=desc)  # fmt: skip
+    batches, total = exp.eval.eval_batches, s.info.eval_batches
+    ema = evaluate(runner, ema_view(state), s.eval_factory, batches, None, total, desc)
     metrics |= {f"ema_{k}": v for k, v in ema.items()}
   return metrics
 

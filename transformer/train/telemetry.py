@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 
 from transformer.data.files import is_remote
+from transformer.train import setup
+from transformer.train.overview import parameter_overview
 
 # Dense peak FLOP/s of one device by device-kind prefix and compute dtype, without
 # sparsity. 'float32' on NVIDIA GPUs is the TF32 tensor-core peak: XLA runs float32 matmuls
@@ -176,3 +178,21 @@ def _si(value: float) -> str:
     if value >= factor:
       return f"{value / factor:.4g} {prefix}"
   return f"{value:.4g} "
+
+
+def report_start(s: setup.Setup, state: Any) -> tuple[float, float | None]:
+  """Once before the first update: the parameter overview, the compiled train step's
+  memory (compiling the step the loop then runs, once `StepRunner.check_update` has passed
+  the update) and the MFU inputs, printed by process 0. Returns (training FLOPs per unit
+  the task counts, the peak FLOP/s of one device or None)."""
+  tele = s.exp.telemetry
+  overview = parameter_overview(s.runner.host_state(state).params)
+  compiled = s.runner.lower_train(state, setup.zeros_batch(s.info)).compile()
+  memory = memory_summary(compiled)
+  flops_per_count = s.exp.task.flops_per_count(s.model_cfg, s.info)
+  peak, why = peak_flops(tele.peak_flops, tele.measure_peak_flops, s.model_cfg.dtype)
+  if jax.process_index() == 0:
+    print(overview.table())
+    print(memory or "compiled train step: the backend reports no memory analysis")
+    print(flops_summary(flops_per_count, peak, why, jax.device_count()))
+  return flops_per_count, peak

@@ -2,7 +2,7 @@
 
     with RunGuard(workdir, exp.faults) as guard:      # the workdir's lock, SIGTERM
       ...build, open the checkpoints...
-      with guard.watching(ckpt):                      # several processes: the peer watch
+      with guard.watching(ckpt), ckpt:                # several processes: the peer watch
         for done in ...:
           batch = next(train_iter); guard.progress(done)
           state = train_step(state, batch)
@@ -73,12 +73,13 @@ class RunGuard:
 
   @contextlib.contextmanager
   def watching(self, ckpt: Any) -> Iterator[None]:
-    """Around the training run, with the checkpoint manager `ckpt` (closed at the end):
-    a write that fails (`StorageError`) becomes one line naming the step and the latest
-    complete checkpoint; on object storage the process ends there, status 1, without
-    waiting for the storage clients' threads. Several processes: the watch names `ckpt`'s
-    last good step in its lines, and the processes leave together at the end."""
-    with peers.watching(ckpt.directory), ckpt:
+    """Around the training run, with the checkpoint manager `ckpt` (which the loop
+    closes inside, so that its last writes are watched too): a write that fails
+    (`StorageError`) becomes one line naming the step and the latest complete
+    checkpoint; on object storage the process ends there, status 1, without waiting for
+    the storage clients' threads. Several processes: the watch names `ckpt`'s last good
+    step in its lines, and the processes leave together at the end."""
+    with peers.watching(ckpt.directory):
       try:
         yield
       except StorageError as e:
