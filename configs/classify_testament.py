@@ -14,15 +14,7 @@ SentencePiece model, so token ids mean the same in both runs. Evaluated on the t
   python train.py --config configs/classify_testament.py --workdir runs/testament_scratch \\
     --config.data.tokenizer_from=runs/mlm_bible
 
-Result (2-core CPU shared with other jobs), test accuracy (loss) after 600 steps, two seeds:
-  fine-tuned from mlm_bible  seed 0: 89.77% (0.247)   seed 1: 90.15% (0.246)   mean 89.96%
-  from scratch               seed 0: 89.07% (0.272)   seed 1: 88.50% (0.255)   mean 88.79%
-Fine-tuning is ahead at every evaluation of both seeds (steps 200 / 400: 85.6 / 89.6 and
-87.0 / 89.5 vs 85.3 / 89.0 and 85.3 / 88.3). Wall time 137-324 s per run depending on
-the load (86-144 s user CPU). All four runs used the mlm_bible run's tokenizer (the
-byte-identical SentencePiece model); mlm_bible itself: 27.0% masked-LM accuracy.
-Fine-tuned from a later mlm_bible run (its MLM head at the predicted positions only, same
-27.0%), seed 0: 90.03% (0.250) in 60 s wall (93 s user CPU, load ~2).
+Both arms read the mlm_bible run's tokenizer; their test accuracy: docs/RESULTS.md.
 
 With few labels pretraining pays off more: `python -m transformer.research.low_label` trains
 both arms on a fixed random 1,000 or 3,000 of the training verses (`data.train_examples`,

@@ -25,13 +25,9 @@ unless it has a `tokenizer.json`. A pretrained model takes a smaller rate:
   python train.py --config configs/finetune_marian_en_es.py:path/to/opus-mt --workdir runs/ft \\
     --config.schedule.learning_rate=5e-5
 
-Result (2-core AMD EPYC with AVX-512, shared with other jobs, load 2.8 to 5.4), the tiny
-random Marian of scripts/make_tiny_hf.py (width 32, one layer each side; 300 pieces + PAD
-trained on English / Spanish training verses): 800 steps in 76 s wall (88 + 9 s CPU;
-compiling 8 of the 19 programs, the others from the persistent cache, and BLEU at the end
-included). Test loss 3.217 nats/piece, token accuracy 23.3% (step 400: 3.309, 22.1%); BLEU
-0.15 (greedy decoding repeats common phrases, "Y los hijos de ..."; the pieces are not T5's,
-so the losses of configs/finetune_t5_en_es.py are not comparable).
+The tiny random Marian of scripts/make_tiny_hf.py: width 32, one layer each side, 300
+pieces + PAD trained on English / Spanish training verses. Its pieces are not T5's, so its
+losses and configs/finetune_t5_en_es.py's are not comparable. Result: docs/FINETUNING.md.
 """
 
 from pathlib import Path

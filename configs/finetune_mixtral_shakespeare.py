@@ -9,10 +9,8 @@ training loss. With no network, make a tiny random Mixtral first:
   python scripts/make_tiny_hf.py runs/tiny_hf mixtral
   python train.py --config configs/finetune_mixtral_shakespeare.py --workdir runs/ft_mixtral
 
-Result (2-core AMD EPYC, AVX-512, shared with another job, load ~1.4), the tiny random
-Mixtral of scripts/make_tiny_hf.py (4 experts, top 2, 300 SentencePiece pieces): 200 steps
-in 27 s wall, validation loss 5.213 nats/piece over 20 batches (step 1: 6.217 training;
-step 100: 5.362 validation).
+The tiny random Mixtral of scripts/make_tiny_hf.py: 4 experts, top 2, 300 SentencePiece
+pieces. Result: docs/FINETUNING.md.
 
 A pretrained Mixtral or Qwen3-MoE (`Qwen3MoeForCausalLM`) directory works the same way:
 

@@ -11,9 +11,7 @@ scores both validation splits together (`loss`) and each alone (`plays/loss`,
 
   python train.py --config configs/lm_mixture.py --workdir runs/lm_mixture
 
-Validation loss at the end, each split alone: plays 1.8703 nats per character (the
-plays-only default run: 1.84 on the same split, with all its batches from the plays),
-verses 1.5876 (seed 0; docs/RESULTS.md).
+Validation loss at the end, each split alone: docs/RESULTS.md.
 """
 
 from pathlib import Path

@@ -10,15 +10,9 @@ against a PyTorch re-implementation of nanoGPT's loop.
 
   python train.py --config configs/lm_shakespeare.py --workdir runs/lm_shakespeare
 
-Validation loss over the whole validation split (111,537 predicted characters) at the
-end: 1.8396 (seed 0), 1.8528 (seed 1), 1.8603 (seed 2); nanoGPT's recipe
-(configs/lm_shakespeare_nanogpt.py) gives 1.8434 after 2,000 updates at batch 12, and
-this model with biases everywhere 1.8425 (seed 0). Searched on the same machine (2-core AMD EPYC,
-AVX-512), all at 4 layers x 128: batch 12 at 2e-3 reaches 1.8715 after 1,250 of 2,000
-steps; batch 12 at 3e-3 for 1,200 steps 1.8629 (seed 0) but 1.8949 (seed 1); batch 16
-at 3e-3 for 900 1.8800; batch 24 at 3e-3 for 600 1.9272 and for 1,000 1.7733; batch 24
-at 4e-3 for 700 1.8519; batch 32 at 3e-3 for 500 1.9486; batch 48 at 4e-3 for 400
-1.9222. Wall time: docs/PERFORMANCE.md ("The default run, end to end").
+Validation loss over the whole validation split (111,537 predicted characters) at the end:
+docs/RESULTS.md; the batch and learning-rate search behind this schedule and the wall
+time: docs/PERFORMANCE.md ("The default run, end to end").
 """
 
 from pathlib import Path
@@ -49,9 +43,8 @@ def get_config(arg=None):
 
 def sweep():
   """Pre-LN vs post-LN at depth 4 and 12 without warmup: does post-LN need warmup at depth
-  (Xiong et al. 2020)? As full training runs; the measured answer (post-LN at depth 12
-  stays at the unigram loss) comes from `python -m transformer.research.ln_depth`, see
-  docs/RESEARCH.md.
+  (Xiong et al. 2020)? As full training runs; `python -m transformer.research.ln_depth`
+  answers it, see docs/RESEARCH.md.
 
   python -m transformer.research.sweep --config configs/lm_shakespeare.py --workdir runs/ln_depth \
       --override schedule.warmup_steps=0 --parallel 2

@@ -23,9 +23,8 @@ validation loss is over the whole validation split, not 20 random batches.
 
   python train.py --config configs/lm_shakespeare_nanogpt.py --workdir runs/nanogpt
 
-Result (2-core AMD EPYC, AVX-512): validation loss 1.8434 over the whole split after
-2,000 updates, in 64.5 s wall (load 1.4, in `benchmarks/race.py`, where the PyTorch
-re-implementation took 92.6 s and ended at 1.8977) to 73 s (load 2).
+Result: docs/RESULTS.md; the race against a PyTorch re-implementation:
+docs/PERFORMANCE.md (`benchmarks/race.py`).
 """
 
 from pathlib import Path

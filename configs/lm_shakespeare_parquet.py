@@ -14,9 +14,9 @@ Any other Parquet, JSONL or Arrow folder, a glob of such files, or a Hub dataset
 local `datasets` cache reads the same way: `--config.data.path=DIR_OR_NAME`
 (`--config.data.text_column=...`; docs/DATA.md).
 
-Validation loss over the whole validation split of the speeches at the end: 1.8246 nats per
-character (seed 0; docs/RESULTS.md). It is not comparable with lm_shakespeare's 1.8396: the
-held-out text differs (the last 10% of the speeches, each ended with EOS).
+Validation loss over the whole validation split of the speeches: docs/RESULTS.md. It is
+not comparable with lm_shakespeare's: the held-out text differs (the last 10% of the
+speeches, each ended with EOS).
 """
 
 from pathlib import Path

@@ -9,12 +9,7 @@ tied to the token embedding. The checkpoint initialises configs/classify_testame
 
   python train.py --config configs/mlm_bible.py --workdir runs/mlm_bible
 
-Result (2-core CPU, load average ~2): 1,000 steps in 106 s wall (163 s user + 12 s system
-CPU), 22k tokens/s; validation masked-LM accuracy 27.0%, loss 4.542 (15,255 predicted
-tokens of the 1,535 validation verses; 18.6% / 5.167 at step 500). With the head at every
-position (before it ran at the predicted ones only) the same run took 127 s at 17k
-tokens/s and reached 27.0% / 4.541. With 15% masking and lr 1e-3 the same budget reached
-only 17.8% / 5.192.
+Result: docs/RESULTS.md.
 """
 
 from pathlib import Path

@@ -3,14 +3,11 @@
 Each 64-character window is cut at a random point: the prefix is read bidirectionally,
 the suffix predicted causally, and the loss covers the suffix only (Raffel et al. 2020,
 3.2.1; see transformer/tasks/prefix_lm.py). Model and data as configs/lm_shakespeare.py;
-the schedule is nanoGPT's CPU recipe (batch 12, lr 1e-3, 2,000 updates), the default
-run's before it moved to batch 24.
+the schedule is nanoGPT's CPU recipe (batch 12, lr 1e-3, 2,000 updates).
 
   python train.py --config configs/prefix_lm_shakespeare.py --workdir runs/prefix_lm
 
-Result (2-core AVX-512 CPU shared with other jobs, load ~4): 81 s wall (94 s user CPU);
-validation loss on the suffixes 2.031 nats/char over the whole validation split (2.473 at
-step 500); see docs/RESULTS.md.
+Result: docs/RESULTS.md.
 """
 
 from pathlib import Path

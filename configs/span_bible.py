@@ -11,19 +11,13 @@ training (the translation test verses are never seen); validation uses its own s
 
   python train.py --config configs/span_bible.py --workdir runs/span_transfer/span_bible
 
-Result (2-core AMD EPYC, AVX-512; load 0.4 at the start, 2.2 at the end, shared with a few
-short test runs): 3,000 steps in 805 s wall (901 s user + 24 s system CPU); validation
-target loss 3.780 and token accuracy 32.3% (20 batches; 31.4% at step 1,000, 31.9% at
-2,000).
+Result: docs/RESULTS.md.
 
 A translation run starts from it with `--config.init_from=DIR
 --config.data.tokenizer_from=DIR`: every tensor is copied, the token embedding without
 its 100 sentinel rows. `python -m transformer.research.span_transfer`
-compares that with training from scratch on 10% of the pairs (docs/RESEARCH.md): with
-2,800 pairs, 1,000 updates at peak lr 2e-3 (each arm's pick of the same grid), test BLEU
-6.24 ± 0.29 from this run's weights against 10.71 ± 0.26 from scratch over seeds 0, 1, 2.
-Here the pretraining hurts: the pretrained arm's training loss is ahead at step 250 and
-behind from step 500 on.
+compares that with training from scratch on 10% of the pairs; what it found:
+docs/RESEARCH.md.
 """
 
 from pathlib import Path

@@ -7,9 +7,7 @@ untied logits, SentencePiece vocabulary (+ 100 sentinel ids).
 
   python train.py --config configs/t5_span_corruption.py --workdir runs/t5_span_corruption
 
-Result (2-core AVX-512 CPU shared with other jobs, load ~4): 195 s wall (177 s user CPU);
-validation target loss 3.652 and token accuracy 32.6% (20 batches) after 1,000 steps
-(7.50 at step 1, 3.771 at step 500); see docs/RESULTS.md.
+Result: docs/RESULTS.md.
 """
 
 from pathlib import Path

@@ -12,24 +12,16 @@ signature.
   python train.py --config configs/translate_en_es.py --workdir runs/translate_en_es
   python eval.py --workdir runs/translate_en_es --bleu_method beam
 
-Result (2-core AMD EPYC, AVX-512, load average 1.2 at the start and 2.3 at the end):
-4,000 steps (about 5 epochs) in 804 s wall from process start to the end of the BLEU
-decoding (1,308 s user + 65 s system CPU; the decoding 40 s). Test split: BLEU 28.49
-(sacrebleu nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp, beam 4, 1,574 verses), token
-accuracy 54.1%, NLL 2.229 nats/token; token accuracy 40.4%, 48.6%, 53.0%, 54.1% at steps
-1,000..4,000. What got it there from the earlier 800-step recipe (BLEU 12.95 greedy,
-38.5%): five epochs instead of one (the loss was still falling), dropout 0.1 for the
-repeated epochs, a 200-step warmup and beam search. Without `scale_embeddings` the
-800-step run was at 15.7% / NLL 4.98 at step 400 (stopped at 600).
+4,000 steps are about 5 epochs: the loss still falls after one, so dropout 0.1 guards the
+repeated ones; a 200-step warmup; beam search for BLEU; `scale_embeddings` keeps the
+positions from drowning out the tokens. Result and wall time: docs/RESULTS.md.
 
 The `long` variant spends a 45-minute budget on a wider model (width 192, FFN 768) for
 8,000 steps (about 10 epochs):
 
   python train.py --config configs/translate_en_es.py:long --workdir runs/translate_en_es_long
 
-Result: 2,251 s wall (3,873 s user + 129 s system CPU; the decoding 49 s; load 0.9 -> 1.7), test
-BLEU 36.04 (beam 4, same signature), token accuracy 64.4%, NLL 1.691; token accuracy
-53.5%, 60.8%, 63.5%, 64.4% at steps 2,000..8,000.
+Result: docs/RESULTS.md.
 """
 
 from pathlib import Path
@@ -59,7 +51,7 @@ def get_config(arg=None):
   config.seq_len = 96  # tokens per row, source and target (3 of 1,574 test pairs are longer)
   config.log_every = 250
   common.evaluate_and_checkpoint(config, 1000)  # test loss on the whole test split
-  config.evaluate.bleu.every = 4000  # BLEU at the end only (40 s of beam search here)
+  config.evaluate.bleu.every = 4000  # BLEU at the end only (beam search is slow)
   config.evaluate.bleu.beam_size = 4  # beam search (length penalty alpha 0.6)
   if arg == "long":  # the 45-minute budget: a wider model for twice the epochs
     m.d_model = 192  # 4 heads of 48

@@ -6,20 +6,10 @@ left-right flips; AdamW with warmup and cosine decay. Evaluated on the 10,000 te
 
   python train.py --config configs/vit_fashion_mnist.py --workdir runs/vit_fashion_mnist
 
-Result (2-core AMD EPYC, AVX-512, load average 1.4 at the start and 2.0 at the end):
-7,000 steps (15 epochs) in 992 s wall (1,659 s user + 45 s system CPU), test accuracy
-89.63% (loss 0.286); 82.5%, 87.4%, 89.2% at steps 1,750, 3,500 and 5,250. Short of the
-92% target. What was measured on the way, each a full run on this machine:
-- width 64 (3,500 steps, 7.5 epochs, the earlier recipe): 88.56% in 994 s at load ~5;
-- width 128 with random crops (2-pixel padding) and label smoothing 0.1, otherwise this
-  recipe: 89.63% as well, in 1,029 s. There the training loss stayed at the test loss
-  (underfitting, 0.70 vs 0.72 with smoothing); here it falls below it by the end (about
-  0.2 vs 0.286), so the model is near what it can fit in 15 epochs;
-- 2x2 patches (196 tokens) at width 64 run at 214 images/s against 900 here: under
-  two epochs in 20 minutes.
-The step is 0.14 s (about 150 GFLOP/s of the 169.5 MFLOP per image counted); the images
-are held in memory and augmented a batch at a time (tasks/image.py), so the host adds
-little. Reaching 92% with a plain ViT needs more epochs than 20 CPU-minutes buy here.
+No random crops or label smoothing: with them the training loss stays at the test loss
+(the model underfits in 15 epochs); 2x2 patches (196 tokens) are too slow for a CPU run.
+The images are held in memory and augmented a batch at a time (tasks/image.py), so the
+host adds little. Result and wall time: docs/RESULTS.md.
 """
 
 from pathlib import Path

@@ -32,12 +32,11 @@ def apply_process_settings() -> None:
   """`process_settings.apply(--cpu_tuning)`, then `gc.freeze()`; a command calls it once its
   modules are imported, before JAX computes anything.
 
-  The freeze moves the objects alive now (about 190,000, nearly all made by the imports)
-  out of reach of Python's cyclic garbage collector. It runs many times while JAX traces
-  the steps and once more at exit, and it walked them all each time: a tiny `train.py`
-  run took 0.6 s less (docs/PERFORMANCE.md). They are freed as before when their last
-  reference goes; only a reference cycle among them would stay, and the imports leave
-  about ten such objects.
+  The freeze moves the objects alive now (nearly all made by the imports) out of reach of
+  Python's cyclic garbage collector, which runs many times while JAX traces the steps and
+  once more at exit and would walk them all each time (docs/PERFORMANCE.md). They are
+  freed as before when their last reference goes; only a reference cycle among them would
+  stay, and the imports leave very few.
   """
   applied = process_settings.apply(_CPU_TUNING.value)
   gc.freeze()

@@ -1,8 +1,7 @@
 """Process-wide settings that make training on the CPU faster, applied before JAX starts.
 
 `train.py` and `eval.py` call `apply(mode)` first thing (flag `--cpu_tuning`, default
-'auto'). On a CPU run it does two things, measured in docs/PERFORMANCE.md (reference GPT
-step 667 -> 454 ms):
+'auto'). On a CPU run it does two things (their effect: docs/PERFORMANCE.md):
 
 - glibc keeps freed memory (`mallopt`: one arena, no mmap for large blocks, no trimming;
   the same as MALLOC_ARENA_MAX=1 MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=2147483647).

@@ -91,10 +91,9 @@ def cache_lengths(filled: int, length: int, initial: int = INITIAL_CACHE_LEN) ->
 
 def grown(size: int) -> int:
   """The next cache length after `size`: a quarter more, rounded up to a multiple of
-  `GROWTH_STEP`, at most double. A step reads every slot of the cache, so at 256 new
-  tokens of a batch of 64 the smaller steps over doubling (128, 192, 256, 271 slots
-  instead of 128, 256, 271) decode 8-16% faster (docs/PERFORMANCE.md); each length
-  compiles the step once more."""
+  `GROWTH_STEP`, at most double. A step reads every slot of the cache, so smaller steps
+  than doubling decode faster (docs/PERFORMANCE.md); each length compiles the step once
+  more."""
   step = -(-size // (4 * GROWTH_STEP)) * GROWTH_STEP  # a quarter, rounded up
   return min(2 * size, size + max(step, GROWTH_STEP))
 

@@ -116,8 +116,8 @@ def sample(
   A draw from `filter_logits(logits / temperature, top_k, top_p)`. Top-k alone, with every
   k <= a width of FAST_TOP_K_WIDTHS, draws among that width's `lax.top_k` candidates
   instead of over all V logits: the same distribution (the same logits are kept), not the
-  same draws, and no [B, V] of random bits: a [64, 4096] draw with k = 50 took 2.0 ms
-  instead of 5.8-7.1 ms on a 2-core AVX2 EPYC. Where more logits tie with a row's k-th
+  same draws, and no [B, V] of random bits (docs/PERFORMANCE.md, "Decoding"). Where more
+  logits tie with a row's k-th
   largest than the width holds, the draw is over all V.
   """
   x = logits / temperature
@@ -193,7 +193,7 @@ def filter_logits(logits: jax.Array, top_k: int | jax.Array, top_p: float | jax.
 def argmax(logits: jax.Array) -> jax.Array:
   """`jnp.argmax(logits, -1)` (the first maximum; a NaN counts as the maximum), [..., V]
   -> int32 [...], as two plain reductions: XLA:CPU runs argmax's paired (value, index)
-  reduction about 7x slower (docs/PERFORMANCE.md, "Decoding")."""
+  reduction much slower (docs/PERFORMANCE.md, "Decoding")."""
   v = logits.shape[-1]
   hit = (logits == logits.max(axis=-1, keepdims=True)) | jnp.isnan(logits)  # [..., V]
   return jnp.min(jnp.where(hit, jnp.arange(v, dtype=jnp.int32), v), axis=-1)

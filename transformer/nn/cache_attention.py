@@ -5,10 +5,9 @@ K key/value heads, G = N // K, H head dim.
 
 Layout: cached keys and values are [B * K, S, H] (row b's head k at b * K + k), exactly
 the operand of both products of a step, q k^T and p v, batched over B * K: XLA updates
-the cache in place and the dots read it where it lies. A [B, S, K, H] cache made XLA:CPU
-transpose every layer's whole cache at every step, and a [B, K, S, H] one, reshaped for
-the product, made it copy the whole cache several times per step at batch 1
-(docs/PERFORMANCE.md, "Decoding").
+the cache in place and the dots read it where it lies. With a [B, S, K, H] cache XLA:CPU
+transposes every layer's whole cache at every step, and with a [B, K, S, H] one, reshaped
+for the product, it copies the whole cache at batch 1 (docs/PERFORMANCE.md, "Decoding").
 
 Length: a cache holds S slots and attention runs over all of them (slots not written yet
 are masked: causality by index, segment id 0), so a step costs O(S). `model.init`

@@ -183,8 +183,8 @@ def sequence_sharded_attention(
 
 def _pallas() -> tuple[Any, Any]:
   """jax's splash kernel and mask modules, imported when a kernel is first built: importing
-  Pallas's TPU kernels takes about 0.1 s, which a run that never uses them (every run off
-  a TPU) does not pay."""
+  Pallas's TPU kernels takes time that a run that never uses them (every run off a TPU)
+  does not spend."""
   from jax.experimental.pallas.ops.tpu.splash_attention import (
     splash_attention_kernel,
     splash_attention_mask,

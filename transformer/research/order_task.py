@@ -9,8 +9,8 @@ accuracy is chance, exactly (in expectation). Sinusoidal positions added to the 
 
   python -m transformer.research.order_task [--steps 300] [--seed 0]
 
-prints the test accuracy of each position variant (about 50% without positions, near
-100% with sinusoidal positions; seconds on a CPU).
+prints the test accuracy of each position variant (chance without positions;
+docs/RESEARCH.md).
 
 Letters: B batch, L sequence length, E input vector size, D model dim.
 """

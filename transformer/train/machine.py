@@ -1,11 +1,11 @@
 """The machine a figure was measured on, read from /proc with nothing heavy imported.
 
-Timings on CPUs differ by instruction set (the same code can run twice as fast with
-AVX-512 as with AVX2 only), so every benchmark prints `cpu_isa()` in its header and
+Timings on CPUs differ by instruction set (AVX-512 against AVX2 only, say), so every
+benchmark prints `cpu_isa()` in its header and
 every run record (`transformer/train/guard/run_record.py`) stores `cpu_info()` and the load.
 The same flags do not name one speed either: a virtual machine's model name is often just
 'AMD EPYC', and an AMD EPYC of family 25, model 17 (Zen 4) and one of family 26 (Zen 5)
-list the same AVX-512 flags while their float32 matmul peaks differ about 2.5x
+list the same AVX-512 flags while their float32 matmul peaks differ widely
 (docs/PERFORMANCE.md), so the CPU's family and model numbers are printed too.
 """
 

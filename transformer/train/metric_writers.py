@@ -59,9 +59,10 @@ EVAL_CONSOLE = {"loss": "loss", "perplexity": "ppl", "accuracy": "acc", "bleu": 
 HPARAM_METRICS = ("eval/loss", "eval/accuracy", "eval/perplexity", "train/loss")
 
 
-# What tensorboardX imports when installed and this writer never uses: PyTorch (2 s, only to
-# accept torch tensors; the writer is given Python numbers) and Cloud Storage's client
-# (0.3 s, for gs:// event files; the writer stages them locally and uploads them itself).
+# What tensorboardX imports when installed and this writer never uses, both slow to import:
+# PyTorch (only to accept torch tensors; the writer is given Python numbers) and Cloud
+# Storage's client (for gs:// event files; the writer stages them locally and uploads them
+# itself).
 _UNUSED_BY_TENSORBOARDX = ("torch", "google.cloud.storage")
 
 

@@ -141,8 +141,8 @@ class ProfileWindow:
 
   def before(self, update: int) -> None:
     if self.window and update == self.window[0] and not self.active:
-      # No Python function tracing: it adds tens of MB per update and slows the traced
-      # updates several fold; the device ops and the runtime's host events remain.
+      # No Python function tracing: it adds memory per update and slows the traced
+      # updates; the device ops and the runtime's host events remain.
       options = jax.profiler.ProfileOptions()
       options.python_tracer_level = 0
       jax.profiler.start_trace(self.workdir, profiler_options=options)

@@ -3,9 +3,9 @@
 The storage clients retry every request on their own: gcsfs (the metrics, the lease,
 orbax's metadata; etils reads `gs://` through it) makes 6 attempts with a backoff of 1, 2,
 4, ... seconds capped at 32 (about half a minute per request), tensorstore (orbax's
-arrays) 32 (about 15 minutes). An outage shorter than that is ridden out; a longer one
-used to end in pages of tracebacks from every thread, and the process then waited for
-orbax's writer threads for the rest of tensorstore's budget.
+arrays) 32 (about 15 minutes). An outage shorter than that is ridden out; left alone, a
+longer one ends in pages of tracebacks from every thread while the process waits out
+tensorstore's budget for orbax's writer threads.
 
 Neither client reads its budget from the environment or from orbax's options:
 `limit_retries(n)` (`config.storage_retries`; 0 keeps their own) sets both in code, before
