@@ -331,6 +331,7 @@ def block(
   `attention_norm` False (pre-LN): x + attn(x), no norm before attention (ModernBERT)."""
 
   def scaled(y, name):  # 'ffn_norm' -> the branch's layer scale 'ffn_scale'
+    y = y * config.residual_multiplier  # Granite
     return y if config.layer_scale_init is None else y * p[name.replace("_norm", "_scale")]
 
   def sublayer(x, name, f):
@@ -399,6 +400,10 @@ def stack(
       changes |= dict(sliding_window=None, local_global_pattern="", rope_local_theta=None)
     elif pattern and config.rope_local_theta is not None:  # local: its own RoPE base
       changes |= dict(rope_theta=config.rope_local_theta, rope_local_theta=None)
+    if config.rope_pattern:  # R: RoPE, N: no position encoding (SmolLM3's NoPE layers)
+      nope = config.rope_pattern[i % len(config.rope_pattern)] == "N"
+      none = dict(position="none", rope_local_theta=None)
+      changes |= dict(rope_pattern="") | (none if nope else {})
     layer_config = config.replace(**changes)
     x = block(
       p[f"layer_{i}"],
@@ -422,7 +427,7 @@ def stack(
 
 
 def _embed(p_table: np.ndarray, tokens: np.ndarray, config) -> np.ndarray:
-  x = p_table[tokens]
+  x = p_table[tokens] * config.embedding_multiplier
   return x * math.sqrt(config.d_model) if config.scale_embeddings else x
 
 
@@ -461,6 +466,7 @@ def decoder_lm(
     p["decoder"], x, config, config.num_layers, mask, positions, True, None, None, global_mask
   )
   logits = x @ p["token_embed"]["embedding"].T if config.tie_embeddings else dense(x, p["lm_head"])
+  logits = logits * config.logits_multiplier
   cap = config.logits_softcap
   return logits if cap is None else cap * np.tanh(logits / cap)
 

@@ -64,6 +64,11 @@ BAD = [
   ),
   (dict(attention_softcap=0.0), "attention_softcap", "must be a number > 0, or None"),
   (dict(local_global_pattern="LX", sliding_window=4), "local_global_pattern", "L (local) and G"),
+  (dict(position="rope", rope_pattern="RX"), "rope_pattern", "R (RoPE) and N (no position"),
+  (dict(rope_pattern="RN"), "rope_pattern", "needs position='rope', got 'learned'"),
+  (dict(position="rope", rope_pattern="RN", scan_layers=True), "rope_pattern", "uniform"),
+  (dict(residual_multiplier=0.0), "residual_multiplier", "must be a number > 0"),
+  (dict(family="encoder", logits_multiplier=0.5), "logits_multiplier", "for the decoder family"),
   (dict(local_global_pattern="LG"), "local_global_pattern", "need a sliding_window"),
   (
     dict(local_global_pattern="LG", sliding_window=4, scan_layers=True),

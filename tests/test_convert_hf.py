@@ -214,6 +214,16 @@ def check_parity_and_round_trip(arch: str, model, path, out) -> None:
   assert jax.tree.structure(params2) == jax.tree.structure(params)
 
 
+def edited(src, dst, **changes):
+  """A copy of the checkpoint directory `src` at `dst` with `changes` in its config.json."""
+  dst.mkdir()
+  for f in src.iterdir():
+    (dst / f.name).write_bytes(f.read_bytes())
+  config = json.loads((dst / "config.json").read_text())
+  (dst / "config.json").write_text(json.dumps(config | changes))
+  return dst
+
+
 def check_greedy(model, path) -> None:
   """Greedy continuations of ragged (left-padded) prompts equal HF `generate`'s."""
   config, params = convert.load(path)

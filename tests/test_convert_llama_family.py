@@ -10,7 +10,6 @@ Mixtral renormalises the two gates, this Qwen3-MoE does not (`norm_topk_prob=Fal
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
@@ -182,15 +181,6 @@ def test_the_gates_matter(checkpoints):
   assert np.abs(ours - other).max() > 1e-2
 
 
-def _edited(src, dst, **changes):
-  dst.mkdir()
-  for f in src.iterdir():
-    (dst / f.name).write_bytes(f.read_bytes())
-  config = json.loads((dst / "config.json").read_text())
-  (dst / "config.json").write_text(json.dumps(config | changes))
-  return dst
-
-
 @pytest.mark.parametrize(
   "arch, changes, message",
   [
@@ -203,7 +193,7 @@ def _edited(src, dst, **changes):
   ],
 )
 def test_options_we_lack_are_refused_in_one_line(arch, changes, message, checkpoints, tmp_path):
-  bad = _edited(checkpoints[arch][1], tmp_path / "bad", **changes)
+  bad = parity.edited(checkpoints[arch][1], tmp_path / "bad", **changes)
   with pytest.raises(ValueError, match=re.escape(f"{arch}: {message} is not supported")) as e:
     convert.load(bad)
   assert "\n" not in str(e.value)

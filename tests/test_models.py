@@ -100,6 +100,18 @@ DECODER_CASES = {
   ),
   # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores also / (i + 1), 3 layers.
   "gpt2-inverse-layer-scale": dict(attention_scale_by_layer=True, num_layers=3),
+  # Granite's multipliers (embeddings, residual branches, logits) and SmolLM3's NoPE layers.
+  "granite-multipliers-smollm3-nope": dict(
+    position="rope",
+    norm="rmsnorm",
+    activation="swiglu",
+    embedding_multiplier=3.0,
+    residual_multiplier=0.5,
+    logits_multiplier=0.4,
+    attention_scale=0.3,
+    rope_pattern="RN",
+    num_layers=4,
+  ),
   # GPT-NeoX / Pythia: parallel attention and feed-forward, RoPE on a quarter of each head.
   "neox-parallel-partial-rope": dict(
     position="rope", parallel_residual=True, rope_fraction=0.25, attention_head_dim=16

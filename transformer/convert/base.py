@@ -115,10 +115,13 @@ def layer_pattern(architecture: str, types: list[str], layers: int) -> str:
   shortest period of the layers' kinds ('LLLLLG' for Gemma 3, 'GLL' for ModernBERT)."""
   if set(types) - set(LAYER_KINDS) or len(types) != layers:
     unsupported(architecture, "layer_types", types, (f"{layers} of {', '.join(LAYER_KINDS)}",))
-  kinds = "".join(LAYER_KINDS[t] for t in types)
-  period = next(
-    p for p in range(1, layers + 1) if all(kinds[i] == kinds[i % p] for i in range(layers))
-  )
+  return shortest_period("".join(LAYER_KINDS[t] for t in types))
+
+
+def shortest_period(kinds: str) -> str:
+  """The shortest prefix of a per-layer string that repeats to it ('LLG' of 'LLGLLG')."""
+  n = len(kinds)
+  period = next(p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(n)))
   return kinds[:period]
 
 
@@ -219,6 +222,10 @@ def attention(
   ]
 
 
+# config.json token ids left unset on export, where the family's defaults (ids of its own
+# vocabulary) could fall outside a smaller one: the ids travel with the tokenizer files.
+NO_TOKEN_IDS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+
 # Fields every architecture here has at these values (options our ModelConfig adds).
 PLAIN = {
   "sliding_window": None,
@@ -238,6 +245,10 @@ PLAIN = {
   "layer_scale_init": None,
   "vit_distillation_token": False,
   "rope_local_theta": None,
+  "rope_pattern": "",
+  "embedding_multiplier": 1.0,
+  "residual_multiplier": 1.0,
+  "logits_multiplier": 1.0,
   "attention_softcap": None,
   "logits_softcap": None,
   "norm_bias": True,
@@ -257,3 +268,24 @@ def hf_activation(config: ModelConfig, architecture: str) -> str:
   if config.activation not in OUR_ACTIVATIONS:
     unsupported(architecture, "ModelConfig.activation", config.activation, OUR_ACTIVATIONS)
   return OUR_ACTIVATIONS[config.activation]
+
+
+def rope_interleaved(rules: list[Rule], head_dim: int, rope_dim: int) -> list[Rule]:
+  """`rules` with the query and key features of each head reordered for a checkpoint whose
+  RoPE rotates adjacent pairs (x[2i], x[2i + 1]) of the first `rope_dim` features (GLM,
+  ERNIE) where ours rotates (x[i], x[i + rope_dim / 2]): our feature i is its 2i, our
+  i + rope_dim / 2 its 2i + 1. Scores q . k are unchanged by the same permutation of both."""
+  order = np.concatenate([np.arange(0, rope_dim, 2), np.arange(1, rope_dim, 2)])
+  order = np.concatenate([order, np.arange(rope_dim, head_dim)])  # ours[..., j] = hf[..., order[j]]
+  back = np.argsort(order)
+
+  def permuted(rule: Rule) -> Rule:
+    if not rule.ours[0].endswith(("/query/kernel", "/query/bias", "/key/kernel", "/key/bias")):
+      return rule
+    return dataclasses.replace(
+      rule,
+      to_ours=lambda *x: tuple(y[..., order] for y in rule.to_ours(*x)),
+      to_hf=lambda *x: rule.to_hf(*(y[..., back] for y in x)),
+    )
+
+  return [permuted(rule) for rule in rules]

@@ -113,8 +113,7 @@ def rope_to_hf(c: ModelConfig) -> dict[str, Any]:
   return out | {key: getattr(c, ROPE_FIELDS[key]) for key in ROPE_USED[c.rope_scaling]}
 
 
-def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
-  a = ARCHITECTURE
+def config_from_hf(hf: Mapping[str, Any], a: str = ARCHITECTURE) -> dict[str, Any]:
   bias = (hf.get("attention_bias", False), hf.get("mlp_bias", False))
   if bias[0] != bias[1]:  # one ModelConfig.use_bias covers attention and feed-forward
     unsupported(a, "(attention_bias, mlp_bias)", bias, ((False, False), (True, True)))
@@ -232,12 +231,15 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
   }
 
 
-def decoder_rules(c: ModelConfig, feed_forward, projections=None) -> list[Rule]:
+def decoder_rules(c: ModelConfig, feed_forward, projections=None, norm_names=None) -> list[Rule]:
   """The tensors of a Llama-shaped decoder. `feed_forward(c, ours_layer, hf_layer, i)` gives
   layer i's feed-forward rules (dense SwiGLU, or a mixture of experts);
   `projections(c, ours_attention, hf_attention)` the attention projections' (default:
-  separate q/k/v/o_proj)."""
+  separate q/k/v/o_proj); `norm_names` a layer's (our norm, Hugging Face's) pairs (default:
+  `_norm_names`)."""
   projections = projections or _projections
+  norm_names = norm_names or _norm_names(c)
+  norm_bias = c.norm == "layernorm" and c.norm_bias  # LayerNorm (StarCoder 2) or RMSNorm
   out = [same("token_embed/embedding", f"{PREFIX}embed_tokens.weight")]
   for i in range(c.num_layers):
     ours, hf = f"decoder/layer_{i}", f"{PREFIX}layers.{i}"
@@ -245,10 +247,10 @@ def decoder_rules(c: ModelConfig, feed_forward, projections=None) -> list[Rule]:
     if c.qk_norm:  # Qwen3: one RMSNorm scale [H] for the query heads, one for the key heads
       out += norm(f"{ours}/self_attention/query_norm", f"{hf}.self_attn.q_norm", bias=False)
       out += norm(f"{ours}/self_attention/key_norm", f"{hf}.self_attn.k_norm", bias=False)
-    for our_norm, hf_norm in _norm_names(c):
-      out += norm(f"{ours}/{our_norm}", f"{hf}.{hf_norm}", bias=False)
+    for our_norm, hf_norm in norm_names:
+      out += norm(f"{ours}/{our_norm}", f"{hf}.{hf_norm}", bias=norm_bias)
     out += feed_forward(c, ours, hf, i)
-  out += norm("decoder/final_norm", f"{PREFIX}norm", bias=False)
+  out += norm("decoder/final_norm", f"{PREFIX}norm", bias=norm_bias)
   if not c.tie_embeddings:
     out += linear("lm_head", "lm_head", bias=False)
   return out

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from transformer.convert import llama
-from transformer.convert.base import Converter, Rule, heads_out, linear
+from transformer.convert.base import NO_TOKEN_IDS, Converter, Rule, heads_out, linear
 from transformer.nn.config import ModelConfig
 
 ARCHITECTURE = "Phi3ForCausalLM"
@@ -34,7 +34,7 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
   out |= {"resid_pdrop": c.dropout_rate, "embd_pdrop": c.dropout_rate}
   # Phi3Config's default token ids (32000, ...) would fall outside a smaller vocabulary;
   # the ids travel with the tokenizer files.
-  out |= {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+  out |= NO_TOKEN_IDS
   for key in ("attention_bias", "mlp_bias"):
     del out[key]
   return out
@@ -57,7 +57,7 @@ def _projections(c: ModelConfig, ours: str, hf: str) -> list[Rule]:
   return [rule, *heads_out(f"{ours}/out", f"{hf}.o_proj", n, h, bias=False)]
 
 
-def _gate_up(c: ModelConfig, ours: str, hf: str, i: int) -> list[Rule]:
+def gate_up(c: ModelConfig, ours: str, hf: str, i: int) -> list[Rule]:
   names = (f"{ours}/ffn/wi_0/kernel", f"{ours}/ffn/wi_1/kernel")
 
   def split(w):  # [2F, D] -> gate [D, F], up [D, F]
@@ -72,7 +72,7 @@ def _gate_up(c: ModelConfig, ours: str, hf: str, i: int) -> list[Rule]:
 
 
 def rules(c: ModelConfig) -> list[Rule]:
-  return llama.decoder_rules(c, _gate_up, _projections)
+  return llama.decoder_rules(c, gate_up, _projections)
 
 
 CONVERTERS = {

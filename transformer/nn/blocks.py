@@ -28,9 +28,12 @@ REMAT_POLICIES = {
 }
 
 
-def layer_scaled(y: jax.Array, scale: jax.Array | None) -> jax.Array:
-  """A residual branch y [B, T, D] times its layer scale [D] (CaiT, DINOv2), or y if None."""
-  return y if scale is None else y * scale.astype(y.dtype)[None, None]  # [B, T, D]
+def layer_scaled(config: ModelConfig, y: jax.Array, scale: jax.Array | None) -> jax.Array:
+  """A residual branch y [B, T, D] times its layer scale [D] (CaiT, DINOv2; None = none)
+  and `residual_multiplier` (Granite)."""
+  y = y if scale is None else y * scale.astype(y.dtype)[None, None]  # [B, T, D]
+  m = config.residual_multiplier
+  return y if m == 1 else y * jnp.asarray(m, y.dtype)  # [B, T, D]
 
 
 def residual(
@@ -49,7 +52,7 @@ def residual(
   norm2 / norm) before dropout and the add; None = none."""
 
   def branch(y):  # [B, T, D]
-    return make_dropout(config)(layer_scaled(y, scale), deterministic=deterministic)
+    return make_dropout(config)(layer_scaled(config, y, scale), deterministic=deterministic)
 
   if config.norm_position == "pre":
     normed = x if norm_name is None else make_norm(config, norm_name)(x)
@@ -105,9 +108,9 @@ class Block(nn.Module):
     if c.parallel_residual:  # both sublayers read x: x + attn(norm1(x)) + ffn(norm2(x))
       drop = make_dropout(c)
       attended = self_attention(make_norm(c, "self_attention_norm")(x))
-      attended = drop(layer_scaled(attended, layer_scale("self_attention_scale")), deterministic)
+      attended = drop(layer_scaled(c, attended, layer_scale("self_attention_scale")), deterministic)
       fed = self._feed_forward(info, deterministic)(make_norm(c, "ffn_norm")(x))
-      fed = drop(layer_scaled(fed, layer_scale("ffn_scale")), deterministic)
+      fed = drop(layer_scaled(c, fed, layer_scale("ffn_scale")), deterministic)
       return constrain(x + attended + fed, ("batch", "length", "embed"))  # [B, T, D]
     scale = layer_scale("self_attention_scale")
     norm_name = "self_attention_norm" if self.attention_norm else None

@@ -106,6 +106,9 @@ class ModelConfig:
   tie_embeddings: bool = True  # logits through the input embedding (`Embed.attend`)
   scale_logits: bool = False  # LM output hidden state * D**-0.5 before the logits (T5 v1.0)
   scale_embeddings: bool = False  # multiply token embeddings by sqrt(D) (Vaswani et al.)
+  embedding_multiplier: float = 1.0  # token embeddings times this (Granite)
+  residual_multiplier: float = 1.0  # each residual branch times this before the add (Granite)
+  logits_multiplier: float = 1.0  # decoder logits times this (Granite: 1 / logits_scaling)
   sinusoidal_layout: str = "interleaved"  # sinusoidal: sin, cos features interleaved
   # (Vaswani et al.) | split (sines in the first half, cosines in the second: Marian)
   final_logits_bias: bool = False  # seq2seq: a learned [V] bias added to the logits (BART)
@@ -138,6 +141,8 @@ class ModelConfig:
   local_global_pattern: str = ""  # per layer, cyclically: L = local (sliding_window), G =
   # global (full) attention; "" = every layer local if sliding_window is set (Gemma 2: "LG")
   rope_local_theta: float | None = None  # RoPE base of the local layers, unscaled (Gemma 3)
+  rope_pattern: str = ""  # per layer, cyclically: R = the model's RoPE, N = no position
+  # encoding (NoPE; SmolLM3: "RRRN"); "" = every layer R
   attention_softcap: float | None = None  # scores -> cap * tanh(scores / cap) (Gemma 2: 50)
   logits_softcap: float | None = None  # decoder logits -> cap * tanh(logits / cap) (Gemma 2: 30)
   dtype: str = "float32"  # compute dtype; parameters stay float32
@@ -214,8 +219,13 @@ class ModelConfig:
   def layer_config(self, index: int) -> ModelConfig:
     """The config layer `index` computes with: a global layer has no window, a local one
     the local RoPE base (unscaled) when `rope_local_theta` is set; its score scale divided
-    by index + 1 with `attention_scale_by_layer`."""
+    by index + 1 with `attention_scale_by_layer`; a NoPE layer of `rope_pattern` no
+    position encoding."""
     c = self
+    if c.rope_pattern:
+      nope = c.rope_pattern[index % len(c.rope_pattern)] == "N"
+      none = dict(position="none", rope_scaling="none", rope_local_theta=None)
+      c = c.replace(rope_pattern="", **(none if nope else {}))
     if c.attention_scale_by_layer:  # GPT-2: layer i's scores scaled by 1 / (i + 1) more
       base = c.head_dim**-0.5 if c.attention_scale is None else c.attention_scale
       c = c.replace(attention_scale=base / (index + 1), attention_scale_by_layer=False)

@@ -74,6 +74,18 @@ def validate_layer_pattern(c: Any) -> None:
     fail("local_global_pattern", pattern, "must be uniform with scan_layers=True")
   if c.rope_local_theta is not None and (c.position != "rope" or "L" not in pattern):
     fail("rope_local_theta", c.rope_local_theta, "needs position='rope' and L layers")
+  rope = c.rope_pattern
+  if not isinstance(rope, str) or set(rope) - {"R", "N"}:
+    fail("rope_pattern", rope, "must be a string of R (RoPE) and N (no position encoding)")
+  if rope and c.position != "rope":
+    fail("rope_pattern", rope, f"needs position='rope', got {c.position!r}")
+  if len(set(rope)) > 1 and c.scan_layers:
+    fail("rope_pattern", rope, "must be uniform with scan_layers=True")
+  for field in ("embedding_multiplier", "residual_multiplier", "logits_multiplier"):
+    if not (is_number(getattr(c, field)) and getattr(c, field) > 0):
+      fail(field, getattr(c, field), "must be a number > 0")
+  if c.logits_multiplier != 1 and c.family != "decoder":
+    fail("logits_multiplier", c.logits_multiplier, "is for the decoder family")
 
 
 def validate_moe(c: Any) -> None:

@@ -187,7 +187,8 @@ def make_embed(config: ModelConfig, num_embeddings: int, name: str | None = None
 
 
 class Embedder(nn.Module):
-  """Token embedding (* sqrt(D) if configured) + absolute positions, (a norm,) then dropout.
+  """Token embedding (times sqrt(D) and `embedding_multiplier` if configured) + absolute
+  positions, (a norm,) then dropout.
 
   `embed` is the token table, owned by the model so that inputs, targets and output
   logits can share it. tokens, positions: [B, T] ints -> [B, T, D].
@@ -204,6 +205,8 @@ class Embedder(nn.Module):
     x = self.embed(tokens)  # [B, T, D]
     if c.scale_embeddings:
       x = x * jnp.asarray(c.d_model**0.5, x.dtype)
+    if c.embedding_multiplier != 1:
+      x = x * jnp.asarray(c.embedding_multiplier, x.dtype)
     x = position_for(c).embed(self, x, positions)  # [B, T, D]
     if self.norm:
       x = make_norm(c, "embed_norm")(x)

@@ -66,7 +66,10 @@ class DecoderLM(nn.Module):
         c, c.vocab_size, "lm_head", use_bias=False, kernel_init=nn.initializers.lecun_normal()
       )
       logits = lm_head(x)  # [B, T, V]
-    return soft_cap(logits.astype(jnp.float32), c.logits_softcap)  # [B, T, V]
+    logits = logits.astype(jnp.float32)  # [B, T, V]
+    if c.logits_multiplier != 1:
+      logits = logits * jnp.float32(c.logits_multiplier)
+    return soft_cap(logits, c.logits_softcap)  # [B, T, V]
 
 
 def build(c: ModelConfig) -> nn.Module:
