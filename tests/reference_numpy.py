@@ -286,7 +286,11 @@ def multi_head_attention(
       flat = x.reshape(*x.shape[:2], -1) if config.qk_norm_over == "projection" else x
       return rms_norm(flat, p_norm, config.norm_eps, config.norm_scale_plus_one).reshape(x.shape)
 
-    q, k = qk(q, p["query_norm"]), qk(k, p["key_norm"])
+    if config.qk_norm_over == "each_head":  # StableLM 2: LayerNorm, a scale [N, H] per head
+      q = layer_norm(q, p["query_head_norm"], config.norm_eps)
+      k = layer_norm(k, p["key_head_norm"], config.norm_eps)
+    else:
+      q, k = qk(q, p["query_norm"]), qk(k, p["key_norm"])
   bias = None
   pos = None if is_cross else config.position
   relative = kv_positions[:, None, :] - q_positions[:, :, None]  # [B, T, S]: key - query
@@ -351,7 +355,8 @@ def block(
 
   if config.parallel_residual:  # GPT-NeoX: both sublayers read the block's input
     attended = scaled(self_attn(norm(x, p["self_attention_norm"], config)), "self_attention_norm")
-    fed = feed_forward(norm(x, p["ffn_norm"], config), p["ffn"], config.activation)
+    ffn_norm = p["self_attention_norm" if config.parallel_shared_norm else "ffn_norm"]
+    fed = feed_forward(norm(x, ffn_norm, config), p["ffn"], config.activation)
     return x + attended + scaled(fed, "ffn_norm")
   x = sublayer(x, "self_attention_norm", self_attn)
   if encoded is not None:

@@ -68,6 +68,7 @@ BAD = [
   (dict(rope_pattern="RN"), "rope_pattern", "needs position='rope', got 'learned'"),
   (dict(position="rope", rope_pattern="RN", scan_layers=True), "rope_pattern", "uniform"),
   (dict(residual_multiplier=0.0), "residual_multiplier", "must be a number > 0"),
+  (dict(parallel_shared_norm=True), "parallel_shared_norm", "needs parallel_residual=True"),
   (dict(family="encoder", logits_multiplier=0.5), "logits_multiplier", "for the decoder family"),
   (dict(local_global_pattern="LG"), "local_global_pattern", "need a sliding_window"),
   (

@@ -100,6 +100,17 @@ DECODER_CASES = {
   ),
   # GPT-2's scale_attn_by_inverse_layer_idx: layer i's scores also / (i + 1), 3 layers.
   "gpt2-inverse-layer-scale": dict(attention_scale_by_layer=True, num_layers=3),
+  # StableLM 2 12B / Cohere: one LayerNorm for the parallel sublayers; per-head QK LayerNorms.
+  "stablelm-shared-norm-each-head-qk": dict(
+    position="rope",
+    parallel_residual=True,
+    parallel_shared_norm=True,
+    qk_norm=True,
+    qk_norm_over="each_head",
+    rope_fraction=0.25,
+    attention_head_dim=16,
+    num_kv_heads=2,
+  ),
   # Granite's multipliers (embeddings, residual branches, logits) and SmolLM3's NoPE layers.
   "granite-multipliers-smollm3-nope": dict(
     position="rope",

@@ -139,6 +139,28 @@ def test_parameter_count_and_sharding_of_the_norm_scales(family, scan):
   assert set(normed.values()) == {("layers", "head_dim") if scan else ("head_dim",)}
 
 
+@pytest.mark.parametrize("scan", [False, True])
+def test_each_heads_own_scale_is_counted_and_sharded_over_heads(scan):
+  """qk_norm_over='each_head' (StableLM 2): scales [N, H] and [K, H], split as the heads."""
+  c = make_tiny_config("decoder", **LM, qk_norm_over="each_head", scan_layers=scan)
+  shapes = _shapes(c)
+  real = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+  head_scales = (c.num_heads + c.kv_heads) * c.head_dim * c.num_layers
+  assert param_count(c) == real == param_count(c.replace(qk_norm=False)) + head_scales
+  axes = {
+    path_str(k): v
+    for k, v in jax.tree_util.tree_leaves_with_path(
+      partitioning.logical_axes(shapes), is_leaf=lambda x: isinstance(x, tuple)
+    )
+  }
+  layers = ("layers",) if scan else ()
+  normed = {p.split("/")[-2]: a for p, a in axes.items() if "_head_norm" in p}
+  assert normed == {
+    "query_head_norm": (*layers, "heads", "head_dim"),
+    "key_head_norm": (*layers, "kv_heads", "head_dim"),
+  }
+
+
 def test_qk_norm_must_be_a_bool():
   with pytest.raises(ValueError, match=r"^ModelConfig.qk_norm='yes': must be True or False$"):
     ModelConfig(qk_norm="yes")

@@ -20,7 +20,7 @@ from transformer.nn import cache_attention
 from transformer.nn.config import ModelConfig
 from transformer.nn.kernel_rules import attention_options
 from transformer.nn.kernels import dot_product_attention
-from transformer.nn.layers import make_dense_general, rms_norm
+from transformer.nn.layers import compute_dtype, make_dense_general, rms_norm
 from transformer.nn.masks import MaskInfo
 from transformer.nn.partitioning import constrain
 from transformer.nn.positions import position_for
@@ -29,7 +29,19 @@ from transformer.nn.positions import position_for
 def _qk_norm(c: ModelConfig, name: str):
   """RMSNorm over the head dim H with a learned scale [H] shared by the heads (Qwen3,
   Gemma 3; ViT-22B uses LayerNorm there); with `qk_norm_over='projection'` over all N*H
-  features of the projection, scale [N*H] (OLMo 2). [..., N, H] -> [..., N, H]."""
+  features of the projection, scale [N*H] (OLMo 2); with 'each_head' a LayerNorm without
+  bias over H, each head its own scale [N, H] ('query_head_norm', 'key_head_norm';
+  StableLM 2). [..., N, H] -> [..., N, H]."""
+  if c.qk_norm_over == "each_head":
+    return nn.LayerNorm(
+      epsilon=c.norm_eps,
+      dtype=compute_dtype(c),
+      use_bias=False,
+      use_fast_variance=False,
+      reduction_axes=-1,
+      feature_axes=(-2, -1),
+      name=name.replace("_norm", "_head_norm"),
+    )
   norm = rms_norm(c, name)
   if c.qk_norm_over == "head":
     return norm

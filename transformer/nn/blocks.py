@@ -107,9 +107,12 @@ class Block(nn.Module):
 
     if c.parallel_residual:  # both sublayers read x: x + attn(norm1(x)) + ffn(norm2(x))
       drop = make_dropout(c)
-      attended = self_attention(make_norm(c, "self_attention_norm")(x))
+      normed = make_norm(c, "self_attention_norm")(x)  # [B, T, D]
+      attended = self_attention(normed)
       attended = drop(layer_scaled(c, attended, layer_scale("self_attention_scale")), deterministic)
-      fed = self._feed_forward(info, deterministic)(make_norm(c, "ffn_norm")(x))
+      if not c.parallel_shared_norm:  # Cohere, StableLM: one norm for both
+        normed = make_norm(c, "ffn_norm")(x)
+      fed = self._feed_forward(info, deterministic)(normed)
       fed = drop(layer_scaled(c, fed, layer_scale("ffn_scale")), deterministic)
       return constrain(x + attended + fed, ("batch", "length", "embed"))  # [B, T, D]
     scale = layer_scale("self_attention_scale")

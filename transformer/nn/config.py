@@ -21,7 +21,7 @@ from transformer.nn.config_rules import fail, is_number
 
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post", "sandwich", "sublayer_post")
-QK_NORM_OVER = ("head", "projection")
+QK_NORM_OVER = ("head", "projection", "each_head")
 ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu", "swiglu", "geglu", "geglu_tanh")
 GATED_ACTIVATIONS = ("swiglu", "geglu", "geglu_tanh")
 ATTENTION_IMPLS = ("xla", "jax", "chunked", "auto", "cudnn", "splash")
@@ -88,6 +88,8 @@ class ModelConfig:
   # final norm: OLMo 2, Swin v2's res-post-norm)
   norm_eps: float = 1e-5  # epsilon inside the norm
   parallel_residual: bool = False  # pre-LN x + attn(norm1(x)) + ffn(norm2(x)) (GPT-NeoX, GPT-J)
+  parallel_shared_norm: bool = False  # parallel_residual with one norm: x + attn(n(x)) + ffn(n(x))
+  # (Cohere, StableLM)
   norm_scale_plus_one: bool = False  # RMSNorm multiplies by (1 + scale), scale init 0 (Gemma)
   norm_bias: bool = True  # LayerNorm with a bias (False: scale only, ModernBERT's norm_bias)
   embed_norm: bool = False  # encoder: a norm after the embeddings also when not post-LN
@@ -100,7 +102,8 @@ class ModelConfig:
   use_bias: bool = True  # biases in attention and feed-forward projections
   qkv_bias: bool | None = None  # biases on query/key/value only (Qwen2: True); None = use_bias
   qk_norm: bool = False  # RMSNorm of each query / key head over H (scale [H]), before RoPE
-  qk_norm_over: str = "head"  # head (over H, Qwen3) | projection (over all N*H, OLMo 2)
+  qk_norm_over: str = "head"  # head (over H, Qwen3) | projection (over all N*H, OLMo 2) |
+  # each_head (a LayerNorm without bias over H, each head its own scale: StableLM 2)
   dropout_rate: float = 0.0  # dropout on embeddings and residual branches
   attention_dropout_rate: float = 0.0  # dropout on attention weights
   tie_embeddings: bool = True  # logits through the input embedding (`Embed.attend`)
@@ -275,11 +278,13 @@ def _validate(c: ModelConfig) -> None:
       fail(field, value, "must be in [0, 1)")
   if c.qkv_bias is not None and not isinstance(c.qkv_bias, bool):
     fail("qkv_bias", c.qkv_bias, "must be True, False or None (= use_bias)")
-  for field in ("qk_norm", "norm_scale_plus_one", "parallel_residual"):
+  for field in ("qk_norm", "norm_scale_plus_one", "parallel_residual", "parallel_shared_norm"):
     if not isinstance(getattr(c, field), bool):
       fail(field, getattr(c, field), "must be True or False")
   if c.parallel_residual and c.norm_position != "pre":
     fail("parallel_residual", True, f"needs norm_position='pre', got {c.norm_position!r}")
+  if c.parallel_shared_norm and not c.parallel_residual:
+    fail("parallel_shared_norm", True, "needs parallel_residual=True")
   if c.norm_scale_plus_one and c.norm != "rmsnorm":
     fail("norm_scale_plus_one", True, f"needs norm='rmsnorm', got {c.norm!r}")
   if c.norm_eps <= 0:

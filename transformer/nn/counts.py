@@ -25,7 +25,7 @@ def attention_params(c: ModelConfig, is_cross: bool = False) -> int:
   q_out, kv_out = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
   weights = c.d_model * q_out + 2 * c.d_model * kv_out + q_out * c.d_model
   biases = (q_out + 2 * kv_out if c.qkv_biases else 0) + (c.d_model if c.use_bias else 0)
-  qk_norm = 0  # the query and key norms' scales: [H] each, or [N*H] and [K*H]
+  qk_norm = 0  # the query and key norms' scales: [H] each, or [N*H] and [K*H] ([N, H], [K, H])
   if c.qk_norm:
     qk_norm = 2 * c.head_dim if c.qk_norm_over == "head" else q_out + kv_out
   # Position parameters exist in self-attention only (cross-attention has no positions).

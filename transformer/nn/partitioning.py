@@ -64,6 +64,8 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
   (r"(classifier|head)/kernel$", ("embed", None)),
   (r"(rel_embedding|rel_key_embedding)$", (None, None)),
   (r"(query_norm|key_norm)/scale$", ("head_dim",)),  # QK-norm: one scale per head dim
+  (r"query_head_norm/scale$", ("heads", "head_dim")),  # QK-norm, a scale per head
+  (r"key_head_norm/scale$", ("kv_heads", "head_dim")),
   (r"(norm[^/]*)/(scale|bias)$", ("embed",)),
   (r"(out|wo|patch_embed|mlm_transform|pooler|classifier|head)/bias$", (None,)),
 )
