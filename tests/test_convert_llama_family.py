@@ -43,6 +43,17 @@ def _qwen3_moe():
   )  # fmt: skip
 
 
+def _qwen2_moe():
+  """Qwen2-MoE: q/k/v biases, 4 experts top-2 (not renormalised), a gated shared expert."""
+  return transformers.Qwen2MoeForCausalLM(
+    transformers.Qwen2MoeConfig(
+      vocab_size=V, intermediate_size=FFN, moe_intermediate_size=24, num_experts=4,
+      num_experts_per_tok=2, shared_expert_intermediate_size=40, num_key_value_heads=2,
+      max_position_embeddings=MAX_LEN, **SHARED,
+    )
+  )  # fmt: skip
+
+
 def _mixtral():
   return transformers.MixtralForCausalLM(
     transformers.MixtralConfig(
@@ -108,6 +119,7 @@ BUILDERS = {
   "Gemma3ForCausalLM": _gemma3,
   "Qwen3ForCausalLM": _qwen3,
   "Qwen3MoeForCausalLM": _qwen3_moe,
+  "Qwen2MoeForCausalLM": _qwen2_moe,
   "MixtralForCausalLM": _mixtral,
   "Olmo2ForCausalLM": _olmo2,
 }
@@ -134,6 +146,13 @@ def test_configs_carry_the_options(checkpoints):
   moe = convert.load(checkpoints["Qwen3MoeForCausalLM"][1])[0]
   assert (moe.moe_experts, moe.moe_top_k, moe.moe_norm_topk, moe.d_ff) == (4, 2, False, 24)
   assert moe.qk_norm and moe.moe_capacity_factor is None
+  q2 = convert.load(checkpoints["Qwen2MoeForCausalLM"][1])[0]
+  assert (q2.moe_experts, q2.moe_shared_d_ff, q2.moe_shared_gate, q2.qkv_biases) == (
+    4,
+    40,
+    True,
+    True,
+  )
   mixtral = convert.load(checkpoints["MixtralForCausalLM"][1])[0]
   assert (mixtral.moe_experts, mixtral.moe_norm_topk, mixtral.qk_norm) == (4, True, False)
   gemma = convert.load(checkpoints["GemmaForCausalLM"][1])[0]
@@ -171,13 +190,20 @@ def test_the_gemma_options_matter(checkpoints):
     assert np.abs(ours - other).max() > 1e-3, (arch, changes)
 
 
-def test_the_gates_matter(checkpoints):
-  """The other gate normalisation gives other logits, so the parity above tests it."""
-  arch = "Qwen3MoeForCausalLM"
+@pytest.mark.parametrize(
+  "arch, changes",
+  [
+    ("Qwen3MoeForCausalLM", dict(moe_norm_topk=True)),
+    ("Qwen2MoeForCausalLM", dict(moe_shared_gate=False)),
+  ],
+)
+def test_the_gates_matter(arch, changes, checkpoints):
+  """The other gate normalisation, or the shared expert ungated, gives other logits, so
+  the parity above tests them."""
   config, params = convert.load(checkpoints[arch][1])
   x = parity._inputs(arch)
   ours = parity._our_logits(arch, config, params, x)
-  other = parity._our_logits(arch, config.replace(moe_norm_topk=True), params, x)
+  other = parity._our_logits(arch, config.replace(**changes), params, x)
   assert np.abs(ours - other).max() > 1e-2
 
 
@@ -186,6 +212,7 @@ def test_the_gates_matter(checkpoints):
   [
     ("Qwen3MoeForCausalLM", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
     ("Qwen3MoeForCausalLM", {"mlp_only_layers": [0]}, "mlp_only_layers=[0]"),
+    ("Qwen2MoeForCausalLM", {"decoder_sparse_step": 2}, "decoder_sparse_step=2"),
     ("Qwen3ForCausalLM", {"attention_bias": True}, "attention_bias=True"),
     ("MixtralForCausalLM", {"router_jitter_noise": 0.1}, "router_jitter_noise=0.1"),
     ("GemmaForCausalLM", {"hidden_act": "relu"}, "hidden_act='relu'"),

@@ -56,6 +56,17 @@ def _layer_params(c: ModelConfig, seed: int) -> dict:
   for name in ("wi_0", "wi_1") if c.gated else ("wi",):
     params[name] = weights(D, F)
   params["wo"] = weights(F, D)
+  if c.moe_shared_d_ff:  # the shared expert [D, S], [S, D] and its gate [D, 1]
+    s = c.moe_shared_d_ff
+    names = ("wi_0", "wi_1") if c.gated else ("wi",)
+
+    def dense(fan_in, fan_out):
+      p = {"kernel": rng.standard_normal((fan_in, fan_out)) / math.sqrt(fan_in)}
+      return p | ({"bias": 0.1 * rng.standard_normal(fan_out)} if c.use_bias else {})
+
+    params["shared_ffn"] = {n: dense(D, s) for n in names} | {"wo": dense(s, D)}
+    if c.moe_shared_gate:
+      params["shared_gate"] = {"kernel": rng.standard_normal((D, 1))}
   return jax.tree.map(lambda a: np.asarray(a, np.float32), params)
 
 
@@ -69,7 +80,8 @@ def _inputs(seed: int, b: int = 3, t: int = 8):
 
 
 def _expert(p: dict, i: int, v: np.ndarray, activation: str) -> np.ndarray:
-  one = {name: {k: w[i] for k, w in p[name].items()} for name in p if name != "router"}
+  routed = ("wi", "wi_0", "wi_1", "wo")
+  one = {name: {k: w[i] for k, w in p[name].items()} for name in p if name in routed}
   return ref.feed_forward(v, one, activation)
 
 
@@ -101,6 +113,11 @@ def reference_moe(p, x, valid, c: ModelConfig) -> tuple[np.ndarray, int]:
         normalise = k > 1 if c.moe_norm_topk is None else c.moe_norm_topk
         gate = top[j] / top.sum() if normalise else top[j]
         y[row, i] += gate * _expert(p, expert, x[row, i], c.activation)
+  if c.moe_shared_d_ff:  # every real token through the shared expert, times its gate
+    shared = ref.feed_forward(x, p["shared_ffn"], c.activation)
+    if c.moe_shared_gate:
+      shared = shared / (1 + np.exp(-(x @ p["shared_gate"]["kernel"])))
+    y += shared * valid[..., None]
   return y, dropped
 
 
@@ -119,8 +136,18 @@ def _apply_layer(c, params, x, valid):
     dict(moe_top_k=1, activation="gelu", moe_capacity_factor=1.0),  # Switch, drops
     dict(moe_top_k=3, activation="swiglu", moe_norm_topk=False),  # Qwen3-MoE: raw top-k
     dict(moe_top_k=1, activation="swiglu", moe_norm_topk=True),  # Mixtral's top-1: gate 1
+    dict(moe_top_k=2, activation="swiglu", moe_shared_d_ff=20, moe_shared_gate=True),  # Qwen2
+    dict(moe_top_k=2, activation="gelu", moe_capacity_factor=0.5, moe_shared_d_ff=8),
   ],
-  ids=["top2-dropless", "top2-capacity", "top1-capacity", "top3-raw", "top1-normalised"],
+  ids=[
+    "top2-dropless",
+    "top2-capacity",
+    "top1-capacity",
+    "top3-raw",
+    "top1-normalised",
+    "shared-gated",
+    "shared-capacity",
+  ],  # fmt: skip
 )
 def test_layer_equals_numpy_reference(fields):
   c = _config(**fields)
@@ -301,6 +328,8 @@ def test_analytic_counts_equal_real_parameter_counts():
     _config(family="seq2seq", num_decoder_layers=3, moe_every=2, activation="geglu"),
     _config(family="vit", moe_top_k=1, image_size=8, patch_size=4, num_classes=3),
     _config(scan_layers=True, moe_top_k=2),
+    _config(moe_shared_d_ff=20, moe_shared_gate=True, activation="swiglu", use_bias=False),
+    _config(family="seq2seq", moe_every=2, moe_shared_d_ff=8),
   ]
   for c in cases:
     assert models.param_count(c) == real_param_count(c), c
@@ -322,6 +351,8 @@ def test_analytic_counts_equal_real_parameter_counts():
     (dict(moe_capacity_factor=0.0), "ModelConfig.moe_capacity_factor=0.0: must be a number > 0"),
     (dict(scan_layers=True, moe_every=2), "ModelConfig.moe_every=2: must be 1 with scan_layers"),
     (dict(moe_norm_topk="yes"), r"ModelConfig.moe_norm_topk='yes': must be True, False or None"),
+    (dict(moe_shared_gate=True), r"ModelConfig.moe_shared_gate=True: needs a shared expert"),
+    (dict(moe_experts=0, moe_shared_d_ff=8), r"ModelConfig.moe_shared_d_ff=8: needs moe_experts"),
   ],
 )
 def test_bad_moe_fields_are_one_line(fields, message):

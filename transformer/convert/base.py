@@ -236,6 +236,8 @@ PLAIN = {
   "attention_head_dim": None,
   "qk_norm": False,
   "moe_experts": 0,
+  "moe_shared_d_ff": 0,
+  "moe_shared_gate": False,
   "norm_scale_plus_one": False,
   "parallel_residual": False,
   "rope_fraction": 1.0,

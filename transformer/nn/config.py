@@ -157,6 +157,9 @@ class ModelConfig:
   moe_top_k: int = 2  # experts per token: 1 = Switch, 2 = GShard / Mixtral
   moe_norm_topk: bool | None = None  # gates: the top-k probabilities renormalised to sum to 1
   # (True, Mixtral), as they are (False, Qwen3-MoE's norm_topk_prob=False); None = top_k > 1
+  moe_shared_d_ff: int = 0  # hidden width of a shared expert every token also goes through
+  # (Qwen2-MoE, DeepSeek); 0 = none
+  moe_shared_gate: bool = False  # the shared expert's output times sigmoid(x w), w [D] (Qwen2-MoE)
   moe_every: int = 1  # layers moe_every-1, 2*moe_every-1, ... of each stack are MoE
   moe_capacity_factor: float | None = None  # slots ceil(f*K*T/E) per expert and row, tokens
   # beyond dropped (GShard order); None = dropless (jax.lax.ragged_dot)

@@ -97,6 +97,14 @@ def validate_moe(c: Any) -> None:
       fail(field, value, "must be a number >= 0")
   if c.moe_norm_topk is not None and not isinstance(c.moe_norm_topk, bool):
     fail("moe_norm_topk", c.moe_norm_topk, "must be True, False or None (= moe_top_k > 1)")
+  if not is_int(c.moe_shared_d_ff) or c.moe_shared_d_ff < 0:
+    fail("moe_shared_d_ff", c.moe_shared_d_ff, "must be an integer >= 0 (0 = no shared expert)")
+  if not isinstance(c.moe_shared_gate, bool):
+    fail("moe_shared_gate", c.moe_shared_gate, "must be True or False")
+  if c.moe_shared_gate and not c.moe_shared_d_ff:
+    fail("moe_shared_gate", True, "needs a shared expert (moe_shared_d_ff > 0)")
+  if c.moe_shared_d_ff and not c.moe_experts:
+    fail("moe_shared_d_ff", c.moe_shared_d_ff, "needs moe_experts > 0")
   if not c.moe_experts:
     return
   if not is_int(c.moe_top_k) or not 1 <= c.moe_top_k <= c.moe_experts:

@@ -40,8 +40,11 @@ def ffn_params(c: ModelConfig) -> int:
 
 
 def moe_params(c: ModelConfig) -> int:
-  """A mixture-of-experts FFN: the router [D, E] and E copies of the FFN."""
-  return c.d_model * c.moe_experts + c.moe_experts * ffn_params(c)
+  """A mixture-of-experts FFN: the router [D, E], E copies of the FFN, the shared expert
+  and its gate [D]."""
+  shared = ffn_params(c.replace(d_ff=c.moe_shared_d_ff)) if c.moe_shared_d_ff else 0
+  gate = c.d_model if c.moe_shared_gate else 0
+  return c.d_model * c.moe_experts + c.moe_experts * ffn_params(c) + shared + gate
 
 
 def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
@@ -90,8 +93,9 @@ def layer_flops(
   d, qh = c.d_model, c.num_heads * c.head_dim
   attn_proj = 2 * (d * qh + 2 * d * c.kv_heads * c.head_dim + qh * d)
   ffn = 2 * ((2 if c.gated else 1) * d * c.d_ff + c.d_ff * d)
-  if moe:
-    ffn = 2 * d * c.moe_experts + c.moe_top_k * ffn
+  if moe:  # + the shared expert (as wide as it is) and its gate
+    shared = ffn * c.moe_shared_d_ff / c.d_ff + (2 * d if c.moe_shared_gate else 0)
+    ffn = 2 * d * c.moe_experts + c.moe_top_k * ffn + shared
   scores = 4 * attended_keys(seq_len, causal, c.sliding_window) * qh
   cross_scores = 4 * seq_len * qh
   return attn_proj + ffn + scores + ((attn_proj + cross_scores) if cross else 0)

@@ -55,7 +55,7 @@ from jax import lax
 
 from transformer.nn import tree
 from transformer.nn.config import ModelConfig
-from transformer.nn.layers import ACTIVATIONS, make_dropout
+from transformer.nn.layers import ACTIVATIONS, FeedForward, make_dense, make_dropout
 from transformer.nn.partitioning import constrain
 
 AUX_COLLECTION = "aux_loss"  # the collection the MoE layers sow their losses into
@@ -152,7 +152,9 @@ class _Router(nn.Module):
 
 
 class MoEFeedForward(nn.Module):
-  """A router and E feed-forward experts (each the `FeedForward` of `layers.py`).
+  """A router and E feed-forward experts (each the `FeedForward` of `layers.py`), plus a
+  shared expert every token goes through with `moe_shared_d_ff` (gated with
+  `moe_shared_gate`; not routed, no capacity; padding tokens still get 0).
 
   Parameters: router/kernel [D, E]; wi (wi_0 and wi_1 for GLU activations) kernel
   [E, D, F] (+ bias [E, F]); wo kernel [E, F, D] (+ bias [E, D]). Dropout on the experts'
@@ -191,8 +193,22 @@ class MoEFeedForward(nn.Module):
       dropout=functools.partial(make_dropout(c), deterministic=deterministic),
     )
     if c.moe_capacity_factor is None:
-      return _dropless(c, ffn, x, experts, gates)  # [B, T, D]
-    return _with_capacity(c, ffn, x, experts, gates, valid)  # [B, T, D]
+      y = _dropless(c, ffn, x, experts, gates)  # [B, T, D]
+    else:
+      y = _with_capacity(c, ffn, x, experts, gates, valid)  # [B, T, D]
+    if not c.moe_shared_d_ff:
+      return y
+    return y + self._shared(x, deterministic) * valid[..., None].astype(y.dtype)  # [B, T, D]
+
+  def _shared(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    """The shared expert, a `FeedForward` of width `moe_shared_d_ff` ('shared_ffn'), its
+    output times sigmoid(x w) with `moe_shared_gate` ('shared_gate', w [D, 1]). [B, T, D]."""
+    c = self.config
+    h = FeedForward(c.replace(d_ff=c.moe_shared_d_ff), name="shared_ffn")(x, deterministic)
+    if c.moe_shared_gate:
+      gate = make_dense(c, 1, "shared_gate", use_bias=False)(x)  # [B, T, 1]
+      h = h * nn.sigmoid(gate)
+    return h
 
 
 @dataclasses.dataclass(frozen=True)
