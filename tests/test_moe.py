@@ -53,6 +53,8 @@ def _layer_params(c: ModelConfig, seed: int) -> dict:
     return p
 
   params = {"router": {"kernel": 2.0 * rng.standard_normal((D, E))}}
+  if c.moe_selection_bias:
+    params["router"]["bias"] = 0.5 * rng.standard_normal(E)
   for name in ("wi_0", "wi_1") if c.gated else ("wi",):
     params[name] = weights(D, F)
   params["wo"] = weights(F, D)
@@ -85,6 +87,16 @@ def _expert(p: dict, i: int, v: np.ndarray, activation: str) -> np.ndarray:
   return ref.feed_forward(v, one, activation)
 
 
+def _ranked(scores: np.ndarray, p, c: ModelConfig) -> np.ndarray:
+  """A token's K experts, best first. DeepSeek-V3: the scores + the choice bias, within the
+  `moe_top_groups` groups whose two best sum highest."""
+  scores = scores + p["router"].get("bias", 0.0)
+  groups = np.split(scores, c.moe_groups)
+  best = np.argsort([-np.sort(g)[-2:].sum() for g in groups], kind="stable")
+  keep = np.repeat(np.isin(np.arange(c.moe_groups), best[: c.moe_top_groups]), E // c.moe_groups)
+  return np.argsort(-np.where(keep, scores, -np.inf), kind="stable")[: c.moe_top_k]
+
+
 def reference_moe(p, x, valid, c: ModelConfig) -> tuple[np.ndarray, int]:
   """(output [B, T, D], dropped assignments): float64, token by token."""
   p = ref.to_numpy(p)
@@ -94,11 +106,14 @@ def reference_moe(p, x, valid, c: ModelConfig) -> tuple[np.ndarray, int]:
   slots = None
   if c.moe_capacity_factor is not None:
     slots = max(1, math.ceil(c.moe_capacity_factor * k * t / E))
-  probs = ref.softmax(x @ p["router"]["kernel"])  # [B, T, E]
+  logits = x @ p["router"]["kernel"]  # [B, T, E]
+  sigmoid = c.moe_router == "sigmoid"
+  probs = 1 / (1 + np.exp(-logits)) if sigmoid else ref.softmax(logits)  # [B, T, E]
   y = np.zeros_like(x)
   dropped = 0
+
   for row in range(b):
-    choice = [np.argsort(-probs[row, i], kind="stable")[:k] for i in range(t)]
+    choice = [_ranked(probs[row, i], p, c) for i in range(t)]
     used = np.zeros(E, int)
     for j in range(k):  # GShard: every top-1 choice first, then top-2, each by position
       for i in range(t):
@@ -111,7 +126,7 @@ def reference_moe(p, x, valid, c: ModelConfig) -> tuple[np.ndarray, int]:
         used[expert] += 1
         top = probs[row, i, choice[i]]
         normalise = k > 1 if c.moe_norm_topk is None else c.moe_norm_topk
-        gate = top[j] / top.sum() if normalise else top[j]
+        gate = (top[j] / top.sum() if normalise else top[j]) * c.moe_routed_scale
         y[row, i] += gate * _expert(p, expert, x[row, i], c.activation)
   if c.moe_shared_d_ff:  # every real token through the shared expert, times its gate
     shared = ref.feed_forward(x, p["shared_ffn"], c.activation)
@@ -128,27 +143,30 @@ def _apply_layer(c, params, x, valid):
   )
 
 
-@pytest.mark.parametrize(
-  "fields",
-  [
-    dict(moe_top_k=2, activation="swiglu", use_bias=False),  # Mixtral: dropless, top-2
-    dict(moe_top_k=2, activation="relu", moe_capacity_factor=0.5),  # GShard order, drops
-    dict(moe_top_k=1, activation="gelu", moe_capacity_factor=1.0),  # Switch, drops
-    dict(moe_top_k=3, activation="swiglu", moe_norm_topk=False),  # Qwen3-MoE: raw top-k
-    dict(moe_top_k=1, activation="swiglu", moe_norm_topk=True),  # Mixtral's top-1: gate 1
-    dict(moe_top_k=2, activation="swiglu", moe_shared_d_ff=20, moe_shared_gate=True),  # Qwen2
-    dict(moe_top_k=2, activation="gelu", moe_capacity_factor=0.5, moe_shared_d_ff=8),
-  ],
-  ids=[
-    "top2-dropless",
-    "top2-capacity",
-    "top1-capacity",
-    "top3-raw",
-    "top1-normalised",
-    "shared-gated",
-    "shared-capacity",
-  ],  # fmt: skip
-)
+# DeepSeek-V3's router: sigmoid scores, the choice bias, the better of 2 groups, scaled gates.
+DEEPSEEK = dict(
+  moe_router="sigmoid", moe_selection_bias=True, moe_groups=2, moe_top_groups=1,
+  moe_routed_scale=2.0, moe_shared_d_ff=8,
+)  # fmt: skip
+
+
+LAYER_CASES = {
+  "top2-dropless": dict(moe_top_k=2, activation="swiglu", use_bias=False),  # Mixtral
+  "top2-capacity": dict(moe_top_k=2, activation="relu", moe_capacity_factor=0.5),  # GShard
+  "top1-capacity": dict(moe_top_k=1, activation="gelu", moe_capacity_factor=1.0),  # Switch
+  "top3-raw": dict(moe_top_k=3, activation="swiglu", moe_norm_topk=False),  # Qwen3-MoE
+  "top1-normalised": dict(moe_top_k=1, activation="swiglu", moe_norm_topk=True),  # gate 1
+  "shared-gated": dict(moe_top_k=2, activation="swiglu", moe_shared_d_ff=20, moe_shared_gate=True),
+  "shared-capacity": dict(activation="gelu", moe_capacity_factor=0.5, moe_shared_d_ff=8),
+  # DeepSeek-V3: sigmoid scores, the choice bias, 2 groups of 2 (the better one), scaled
+  "deepseek-v3": dict(DEEPSEEK, activation="swiglu", moe_routed_scale=2.5, moe_norm_topk=True),
+  "sigmoid-capacity": dict(
+    moe_top_k=1, activation="relu", moe_router="sigmoid", moe_capacity_factor=1.0
+  ),
+}
+
+
+@pytest.mark.parametrize("fields", list(LAYER_CASES.values()), ids=list(LAYER_CASES))
 def test_layer_equals_numpy_reference(fields):
   c = _config(**fields)
   params = _layer_params(c, seed=1)
@@ -164,6 +182,11 @@ def test_layer_equals_numpy_reference(fields):
   # The sown losses are the formulas on this layer's router logits.
   logits = x.astype(np.float64) @ params["router"]["kernel"].astype(np.float64)
   balance, z = reference_losses(logits, valid, c.moe_top_k)
+  if c.moe_router == "sigmoid":  # DeepSeek-V3: P over the scores normalised to sum to 1
+    scores = 1 / (1 + np.exp(-logits[valid]))  # [N, E]
+    chosen = np.array([_ranked(s, ref.to_numpy(params), c) for s in scores])  # [N, K]
+    f = np.bincount(chosen.ravel(), minlength=E) / chosen.size
+    balance = E * float(np.sum(f * (scores / scores.sum(-1, keepdims=True)).mean(0)))
   sown = aux[moe.AUX_COLLECTION]
   np.testing.assert_allclose(float(sown[moe.BALANCE][0]), balance, rtol=1e-5)
   np.testing.assert_allclose(float(sown[moe.Z_LOSS][0]), z, rtol=1e-5)
@@ -278,15 +301,19 @@ def _moe_losses(c: ModelConfig, mesh, batches, train: bool):
 
 
 @pytest.mark.parametrize(
-  "capacity, train", [(1.0, True), (None, False)], ids=["capacity-train", "dropless-eval"]
+  "capacity, train, router",
+  [(1.0, True, {}), (None, False, {}), (1.0, True, DEEPSEEK)],
+  ids=["capacity-train", "dropless-eval", "deepseek-capacity-train"],
 )
-def test_expert_mesh_losses_equal_one_device(capacity, train):
+def test_expert_mesh_losses_equal_one_device(capacity, train, router):
   """Capacity routing: three train steps (gradients included); dropless: the evaluation
-  losses (its gradients are checked against the dense gather above)."""
+  losses (its gradients are checked against the dense gather above). DeepSeek-V3's router
+  and a shared expert route the same on the mesh."""
   assert jax.device_count() == 8, "tests/conftest.py fakes 8 CPU devices"
   c = _config(
-    num_layers=1, moe_top_k=2, moe_capacity_factor=capacity, moe_balance_loss=0.1, ops="plain"
-  )
+    num_layers=1, moe_top_k=2, moe_capacity_factor=capacity, moe_balance_loss=0.1, ops="plain",
+    **router,
+  )  # fmt: skip
   rng = np.random.default_rng(6)
   batches = [_lm_batch(rng)] * 3 if train else [_lm_batch(rng), _lm_batch(rng)]
   mesh = make_mesh(shape={"data": 2, "expert": 4})
@@ -330,6 +357,7 @@ def test_analytic_counts_equal_real_parameter_counts():
     _config(scan_layers=True, moe_top_k=2),
     _config(moe_shared_d_ff=20, moe_shared_gate=True, activation="swiglu", use_bias=False),
     _config(family="seq2seq", moe_every=2, moe_shared_d_ff=8),
+    _config(moe_router="sigmoid", moe_selection_bias=True, moe_groups=2, moe_top_k=1),
   ]
   for c in cases:
     assert models.param_count(c) == real_param_count(c), c
@@ -351,8 +379,6 @@ def test_analytic_counts_equal_real_parameter_counts():
     (dict(moe_capacity_factor=0.0), "ModelConfig.moe_capacity_factor=0.0: must be a number > 0"),
     (dict(scan_layers=True, moe_every=2), "ModelConfig.moe_every=2: must be 1 with scan_layers"),
     (dict(moe_norm_topk="yes"), r"ModelConfig.moe_norm_topk='yes': must be True, False or None"),
-    (dict(moe_shared_gate=True), r"ModelConfig.moe_shared_gate=True: needs a shared expert"),
-    (dict(moe_experts=0, moe_shared_d_ff=8), r"ModelConfig.moe_shared_d_ff=8: needs moe_experts"),
   ],
 )
 def test_bad_moe_fields_are_one_line(fields, message):

@@ -157,6 +157,12 @@ class ModelConfig:
   moe_top_k: int = 2  # experts per token: 1 = Switch, 2 = GShard / Mixtral
   moe_norm_topk: bool | None = None  # gates: the top-k probabilities renormalised to sum to 1
   # (True, Mixtral), as they are (False, Qwen3-MoE's norm_topk_prob=False); None = top_k > 1
+  moe_router: str = "softmax"  # softmax over the experts | sigmoid of each (DeepSeek-V3)
+  moe_selection_bias: bool = False  # a [E] bias on the scores for the choice only, no gradient
+  # (DeepSeek-V3's e_score_correction_bias; its update rule is not implemented)
+  moe_groups: int = 1  # experts in G equal groups; a token chooses within the top groups
+  moe_top_groups: int = 1  # of moe_groups, ranked by their two best scores (DeepSeek-V3)
+  moe_routed_scale: float = 1.0  # the routed experts' gates times this (routed_scaling_factor)
   moe_shared_d_ff: int = 0  # hidden width of a shared expert every token also goes through
   # (Qwen2-MoE, DeepSeek); 0 = none
   moe_shared_gate: bool = False  # the shared expert's output times sigmoid(x w), w [D] (Qwen2-MoE)

@@ -105,6 +105,12 @@ def validate_moe(c: Any) -> None:
     fail("moe_shared_gate", True, "needs a shared expert (moe_shared_d_ff > 0)")
   if c.moe_shared_d_ff and not c.moe_experts:
     fail("moe_shared_d_ff", c.moe_shared_d_ff, "needs moe_experts > 0")
+  if c.moe_router not in ("softmax", "sigmoid"):
+    fail("moe_router", c.moe_router, "must be one of softmax, sigmoid")
+  if not isinstance(c.moe_selection_bias, bool):
+    fail("moe_selection_bias", c.moe_selection_bias, "must be True or False")
+  if not (is_number(c.moe_routed_scale) and c.moe_routed_scale > 0):
+    fail("moe_routed_scale", c.moe_routed_scale, "must be a number > 0")
   if not c.moe_experts:
     return
   if not is_int(c.moe_top_k) or not 1 <= c.moe_top_k <= c.moe_experts:
@@ -116,6 +122,18 @@ def validate_moe(c: Any) -> None:
   f = c.moe_capacity_factor
   if f is not None and (not is_number(f) or not f > 0):
     fail("moe_capacity_factor", f, "must be a number > 0, or None (dropless)")
+  _validate_groups(c)
+
+
+def _validate_groups(c: Any) -> None:
+  """Group-limited routing (DeepSeek-V3): moe_groups equal groups of 2 or more experts."""
+  g = c.moe_groups
+  if not is_int(g) or g < 1 or c.moe_experts % g or (g > 1 and c.moe_experts // g < 2):
+    fail("moe_groups", g, f"must divide moe_experts={c.moe_experts} into groups of 2 or more")
+  if not is_int(c.moe_top_groups) or not 1 <= c.moe_top_groups <= g:
+    fail("moe_top_groups", c.moe_top_groups, f"must be an integer in [1, moe_groups={g}]")
+  if c.moe_top_k > c.moe_top_groups * c.moe_experts // g:
+    fail("moe_top_k", c.moe_top_k, "exceeds the experts of the moe_top_groups groups")
 
 
 def validate_lora(c: Any) -> None:

@@ -43,7 +43,7 @@ def moe_params(c: ModelConfig) -> int:
   """A mixture-of-experts FFN: the router [D, E], E copies of the FFN, the shared expert
   and its gate [D]."""
   shared = ffn_params(c.replace(d_ff=c.moe_shared_d_ff)) if c.moe_shared_d_ff else 0
-  gate = c.d_model if c.moe_shared_gate else 0
+  gate = (c.d_model if c.moe_shared_gate else 0) + (c.moe_experts if c.moe_selection_bias else 0)
   return c.d_model * c.moe_experts + c.moe_experts * ffn_params(c) + shared + gate
 
 

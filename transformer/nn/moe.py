@@ -67,15 +67,42 @@ ROUTER_INIT = nn.initializers.xavier_uniform()
 
 
 def route(
-  logits: jax.Array, k: int, normalise: bool | None = None
+  logits: jax.Array,
+  k: int,
+  normalise: bool | None = None,
+  *,
+  sigmoid: bool = False,
+  bias: jax.Array | None = None,
+  groups: int = 1,
+  top_groups: int = 1,
+  scale: float = 1.0,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-  """(probabilities [..., E], chosen experts [..., K] int32, gates [..., K]) of float32
-  router logits [..., E]; `normalise` is `moe_norm_topk` (see the module docstring)."""
-  probs = jax.nn.softmax(logits, axis=-1)  # [..., E]
-  top, experts = lax.top_k(probs, k)  # [..., K] each
+  """(distribution [..., E], chosen experts [..., K] int32, gates [..., K]) of float32
+  router logits [..., E]; `normalise` is `moe_norm_topk` (see the module docstring). The
+  distribution, for the balance loss, is the softmax, or the sigmoid scores normalised to
+  sum to 1 (DeepSeek-V3's sequence-wise balance loss).
+
+  DeepSeek-V3's router (`moe_router='sigmoid'`): the scores are sigmoid(logits); the choice
+  ranks scores + `bias` ([E], `moe_selection_bias`, no gradient), among the experts of the
+  `top_groups` of `groups` equal groups whose two best biased scores sum highest; the gates
+  are the chosen experts' unbiased scores (renormalised with `normalise`, over their sum +
+  1e-20), times `scale` (`moe_routed_scale`)."""
+  scores = jax.nn.sigmoid(logits) if sigmoid else jax.nn.softmax(logits, axis=-1)  # [..., E]
+  choice = scores if bias is None else scores + lax.stop_gradient(bias)  # [..., E]
+  if groups > 1:  # group-limited: the experts of the best top_groups groups only
+    grouped = choice.reshape(*choice.shape[:-1], groups, -1)  # [..., G, E/G]
+    best = jnp.sum(lax.top_k(grouped, 2)[0], axis=-1)  # [..., G]
+    kept = jnp.sum(jax.nn.one_hot(lax.top_k(best, top_groups)[1], groups), axis=-2) > 0
+    choice = jnp.where(kept[..., None], grouped, -jnp.inf).reshape(choice.shape)  # [..., E]
+  experts = lax.top_k(choice, k)[1]  # [..., K]; ties: the lower expert index
+  top = jnp.take_along_axis(scores, experts, axis=-1)  # [..., K]
   normalise = k > 1 if normalise is None else normalise
-  gates = top / jnp.sum(top, axis=-1, keepdims=True) if normalise else top  # [..., K]
-  return probs, experts.astype(jnp.int32), gates
+  if normalise:
+    top = top / (jnp.sum(top, axis=-1, keepdims=True) + (1e-20 if sigmoid else 0.0))
+  gates = top * scale if scale != 1 else top  # [..., K]
+  if sigmoid:
+    scores = scores / jnp.sum(scores, axis=-1, keepdims=True)  # [..., E]
+  return scores, experts.astype(jnp.int32), gates
 
 
 def balance_loss(probs: jax.Array, experts: jax.Array, valid: jax.Array) -> jax.Array:
@@ -141,14 +168,20 @@ class _ExpertWeights(nn.Module):
 
 
 class _Router(nn.Module):
-  """The router's float32 kernel [D, E] (no bias)."""
+  """The router's float32 kernel [D, E], and with `selection_bias` DeepSeek-V3's bias [E]
+  on the scores for the choice only (zeros; `route` stops its gradient, and being a bias
+  it takes no weight decay)."""
 
   d_model: int
   experts: int
+  selection_bias: bool = False
 
   @nn.compact
-  def __call__(self) -> jax.Array:
-    return self.param("kernel", ROUTER_INIT, (self.d_model, self.experts))
+  def __call__(self) -> tuple[jax.Array, jax.Array | None]:
+    kernel = self.param("kernel", ROUTER_INIT, (self.d_model, self.experts))
+    if not self.selection_bias:
+      return kernel, None
+    return kernel, self.param("bias", nn.initializers.zeros, (self.experts,))
 
 
 class MoEFeedForward(nn.Module):
@@ -171,11 +204,20 @@ class MoEFeedForward(nn.Module):
     c = self.config
     e, k = c.moe_experts, c.moe_top_k
     valid = jnp.ones(x.shape[:2], bool) if valid is None else valid.astype(bool)  # [B, T]
-    router = _Router(c.d_model, e, name="router")()  # [D, E]
+    router, bias = _Router(c.d_model, e, c.moe_selection_bias, name="router")()  # [D, E], [E]
     logits = jnp.einsum(
       "BTD,DE->BTE", x.astype(jnp.float32), router, precision=lax.Precision.HIGHEST
     )  # [B, T, E]
-    probs, experts, gates = route(logits, k, c.moe_norm_topk)  # [B, T, E], [B, T, K], [B, T, K]
+    probs, experts, gates = route(  # [B, T, E], [B, T, K], [B, T, K]
+      logits,
+      k,
+      c.moe_norm_topk,
+      sigmoid=c.moe_router == "sigmoid",
+      bias=bias,
+      groups=c.moe_groups,
+      top_groups=c.moe_top_groups,
+      scale=c.moe_routed_scale,
+    )
     gates = gates * valid[..., None]  # [B, T, K]
     self.sow(AUX_COLLECTION, BALANCE, balance_loss(probs, experts, valid))
     self.sow(AUX_COLLECTION, Z_LOSS, router_z_loss(logits, valid))

@@ -39,6 +39,7 @@ MESH_AXES = ("data", "fsdp", "tensor", "expert", "context")
 LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
   (r"moe/router/kernel$", ("embed", None)),  # mixture of experts (nn/moe.py), [D, E]
   (r"moe/shared_gate/kernel$", ("embed", None)),  # the shared expert's gate [D, 1]
+  (r"moe/router/bias$", (None,)),  # DeepSeek-V3's choice bias [E]
   (r"moe/(wi|wi_0|wi_1)/kernel$", ("expert", "embed", "mlp")),
   (r"moe/(wi|wi_0|wi_1)/bias$", ("expert", "mlp")),
   (r"moe/wo/kernel$", ("expert", "mlp", "embed")),
