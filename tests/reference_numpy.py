@@ -556,7 +556,8 @@ def encoder_decoder(p: Params, inputs, targets, config) -> np.ndarray:
     p["decoder"], y, config, config.decoder_layers, self_mask, tgt_pos, True, encoded, cross_mask
   )
   logits = y @ table.T if config.tie_embeddings else dense(y, p["lm_head"])
-  return logits + p["final_logits_bias"] if config.final_logits_bias else logits
+  logits = logits + p["final_logits_bias"] if config.final_logits_bias else logits
+  return logits * config.logits_multiplier
 
 
 def vision_transformer(p: Params, images: np.ndarray, config) -> np.ndarray:

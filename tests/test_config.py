@@ -69,7 +69,11 @@ BAD = [
   (dict(position="rope", rope_pattern="RN", scan_layers=True), "rope_pattern", "uniform"),
   (dict(residual_multiplier=0.0), "residual_multiplier", "must be a number > 0"),
   (dict(parallel_shared_norm=True), "parallel_shared_norm", "needs parallel_residual=True"),
-  (dict(family="encoder", logits_multiplier=0.5), "logits_multiplier", "for the decoder family"),
+  (
+    dict(family="encoder", logits_multiplier=0.5),
+    "logits_multiplier",
+    "is for decoder and seq2seq",
+  ),
   (dict(local_global_pattern="LG"), "local_global_pattern", "need a sliding_window"),
   (
     dict(local_global_pattern="LG", sliding_window=4, scan_layers=True),

@@ -206,6 +206,8 @@ SEQ2SEQ_CASES = {
     num_decoder_layers=1,
     attention_impl="chunked",
   ),
+  # Granite's multipliers in an encoder-decoder: embeddings, residual branches, logits.
+  "multipliers": dict(embedding_multiplier=2.0, residual_multiplier=0.5, logits_multiplier=0.4),
 }
 
 

@@ -111,7 +111,7 @@ class ModelConfig:
   scale_embeddings: bool = False  # multiply token embeddings by sqrt(D) (Vaswani et al.)
   embedding_multiplier: float = 1.0  # token embeddings times this (Granite)
   residual_multiplier: float = 1.0  # each residual branch times this before the add (Granite)
-  logits_multiplier: float = 1.0  # decoder logits times this (Granite: 1 / logits_scaling)
+  logits_multiplier: float = 1.0  # LM logits times this (Granite: 1 / logits_scaling)
   sinusoidal_layout: str = "interleaved"  # sinusoidal: sin, cos features interleaved
   # (Vaswani et al.) | split (sines in the first half, cosines in the second: Marian)
   final_logits_bias: bool = False  # seq2seq: a learned [V] bias added to the logits (BART)

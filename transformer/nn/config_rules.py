@@ -84,8 +84,6 @@ def validate_layer_pattern(c: Any) -> None:
   for field in ("embedding_multiplier", "residual_multiplier", "logits_multiplier"):
     if not (is_number(getattr(c, field)) and getattr(c, field) > 0):
       fail(field, getattr(c, field), "must be a number > 0")
-  if c.logits_multiplier != 1 and c.family != "decoder":
-    fail("logits_multiplier", c.logits_multiplier, "is for the decoder family")
 
 
 def validate_moe(c: Any) -> None:

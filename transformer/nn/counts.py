@@ -40,11 +40,12 @@ def ffn_params(c: ModelConfig) -> int:
 
 
 def moe_params(c: ModelConfig) -> int:
-  """A mixture-of-experts FFN: the router [D, E], E copies of the FFN, the shared expert
-  and its gate [D]."""
+  """A mixture-of-experts FFN: the router [D, E] (and its choice bias [E]), E copies of the
+  FFN, the shared expert and its gate [D]."""
   shared = ffn_params(c.replace(d_ff=c.moe_shared_d_ff)) if c.moe_shared_d_ff else 0
-  gate = (c.d_model if c.moe_shared_gate else 0) + (c.moe_experts if c.moe_selection_bias else 0)
-  return c.d_model * c.moe_experts + c.moe_experts * ffn_params(c) + shared + gate
+  gate = c.d_model if c.moe_shared_gate else 0
+  bias = c.moe_experts if c.moe_selection_bias else 0  # DeepSeek-V3's choice bias [E]
+  return c.d_model * c.moe_experts + c.moe_experts * ffn_params(c) + shared + gate + bias
 
 
 def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:

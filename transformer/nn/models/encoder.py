@@ -148,6 +148,8 @@ def validate(c: ModelConfig) -> None:
     fail("scale_logits", c.scale_logits, "the output rescaling is for decoder and seq2seq")
   if c.logits_softcap is not None:
     fail("logits_softcap", c.logits_softcap, "the logit soft cap is for decoder and seq2seq")
+  if c.logits_multiplier != 1:
+    fail("logits_multiplier", c.logits_multiplier, "is for decoder and seq2seq")
   if c.pooling == "cls_mean" and c.num_classes:
     fail("pooling", c.pooling, "cls_mean is a ViT head; the encoder classifier pools cls or mean")
 

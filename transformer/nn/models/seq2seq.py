@@ -106,6 +106,8 @@ class EncoderDecoder(nn.Module):
     logits = logits.astype(jnp.float32)  # [B, T, V]
     if c.final_logits_bias:
       logits = logits + self.logits_bias[None, None, :]  # [B, T, V]
+    if c.logits_multiplier != 1:
+      logits = logits * jnp.float32(c.logits_multiplier)
     return soft_cap(logits, c.logits_softcap)  # [B, T, V]
 
   def __call__(

@@ -112,6 +112,8 @@ def validate(c: ModelConfig) -> None:
     fail("scale_logits", c.scale_logits, "the output rescaling is for decoder and seq2seq")
   if c.logits_softcap is not None:
     fail("logits_softcap", c.logits_softcap, "the logit soft cap is for decoder and seq2seq")
+  if c.logits_multiplier != 1:
+    fail("logits_multiplier", c.logits_multiplier, "is for decoder and seq2seq")
   if c.position not in POSITIONS:
     fail("position", c.position, "ViT supports learned, sinusoidal (2-D sin-cos) or none")
   if c.vit_distillation_token and c.pooling != "cls":
