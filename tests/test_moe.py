@@ -56,8 +56,8 @@ def _layer_params(c: ModelConfig, seed: int) -> dict:
   if c.moe_selection_bias:
     params["router"]["bias"] = 0.5 * rng.standard_normal(E)
   for name in ("wi_0", "wi_1") if c.gated else ("wi",):
-    params[name] = weights(D, F)
-  params["wo"] = weights(F, D)
+    params[name] = weights(D, c.expert_d_ff)
+  params["wo"] = weights(c.expert_d_ff, D)
   if c.moe_shared_d_ff:  # the shared expert [D, S], [S, D] and its gate [D, 1]
     s = c.moe_shared_d_ff
     names = ("wi_0", "wi_1") if c.gated else ("wi",)
@@ -157,6 +157,7 @@ LAYER_CASES = {
   "top3-raw": dict(moe_top_k=3, activation="swiglu", moe_norm_topk=False),  # Qwen3-MoE
   "top1-normalised": dict(moe_top_k=1, activation="swiglu", moe_norm_topk=True),  # gate 1
   "shared-gated": dict(moe_top_k=2, activation="swiglu", moe_shared_d_ff=20, moe_shared_gate=True),
+  "narrow-experts": dict(moe_top_k=2, activation="swiglu", moe_d_ff=6, moe_shared_d_ff=8),
   "shared-capacity": dict(activation="gelu", moe_capacity_factor=0.5, moe_shared_d_ff=8),
   # DeepSeek-V3: sigmoid scores, the choice bias, 2 groups of 2 (the better one), scaled
   "deepseek-v3": dict(DEEPSEEK, activation="swiglu", moe_routed_scale=2.5, moe_norm_topk=True),
@@ -358,6 +359,7 @@ def test_analytic_counts_equal_real_parameter_counts():
     _config(moe_shared_d_ff=20, moe_shared_gate=True, activation="swiglu", use_bias=False),
     _config(family="seq2seq", moe_every=2, moe_shared_d_ff=8),
     _config(moe_router="sigmoid", moe_selection_bias=True, moe_groups=2, moe_top_k=1),
+    _config(num_layers=3, moe_first_dense=1, moe_d_ff=6, moe_shared_d_ff=8, activation="swiglu"),
   ]
   for c in cases:
     assert models.param_count(c) == real_param_count(c), c
@@ -379,6 +381,8 @@ def test_analytic_counts_equal_real_parameter_counts():
     (dict(moe_capacity_factor=0.0), "ModelConfig.moe_capacity_factor=0.0: must be a number > 0"),
     (dict(scan_layers=True, moe_every=2), "ModelConfig.moe_every=2: must be 1 with scan_layers"),
     (dict(moe_norm_topk="yes"), r"ModelConfig.moe_norm_topk='yes': must be True, False or None"),
+    (dict(moe_first_dense=2), r"ModelConfig.moe_first_dense=2: must be an integer in \[0, num_"),
+    (dict(moe_experts=0, moe_d_ff=8), "ModelConfig.moe_d_ff=8: needs moe_experts > 0"),
   ],
 )
 def test_bad_moe_fields_are_one_line(fields, message):

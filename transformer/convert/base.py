@@ -243,6 +243,8 @@ PLAIN = {
   "moe_top_groups": 1,
   "moe_routed_scale": 1.0,
   "moe_shared_gate": False,
+  "moe_d_ff": 0,
+  "moe_first_dense": 0,
   "norm_scale_plus_one": False,
   "parallel_residual": False,
   "rope_fraction": 1.0,

@@ -256,8 +256,11 @@ def convert_from_hf(
 
 
 def _normalised(config: ModelConfig) -> ModelConfig:
-  """`config` with defaults spelled out the way the converters write them (K = N -> None)."""
+  """`config` with defaults spelled out the way the converters write them (K = N -> None;
+  the MoE gates' renormalisation resolved)."""
+  norm_topk = config.moe_top_k > 1 if config.moe_norm_topk is None else config.moe_norm_topk
   return config.replace(
+    moe_norm_topk=norm_topk if config.moe_experts else config.moe_norm_topk,
     qkv_bias=None if config.qkv_biases == config.use_bias else config.qkv_bias,
     num_kv_heads=None if config.kv_heads == config.num_heads else config.num_kv_heads,
     attention_head_dim=(

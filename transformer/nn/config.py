@@ -166,6 +166,10 @@ class ModelConfig:
   moe_shared_d_ff: int = 0  # hidden width of a shared expert every token also goes through
   # (Qwen2-MoE, DeepSeek); 0 = none
   moe_shared_gate: bool = False  # the shared expert's output times sigmoid(x w), w [D] (Qwen2-MoE)
+  moe_d_ff: int = 0  # each routed expert's hidden width; 0 = d_ff (DeepSeek-V3's experts are
+  # narrower than its dense layers: moe_intermediate_size)
+  moe_first_dense: int = 0  # the first layers of each stack keep the dense FFN, d_ff wide
+  # (DeepSeek-V3's first_k_dense_replace)
   moe_every: int = 1  # layers moe_every-1, 2*moe_every-1, ... of each stack are MoE
   moe_capacity_factor: float | None = None  # slots ceil(f*K*T/E) per expert and row, tokens
   # beyond dropped (GShard order); None = dropless (jax.lax.ragged_dot)
@@ -250,9 +254,16 @@ class ModelConfig:
     local_rope = dict(rope_theta=c.rope_local_theta, rope_scaling="none")
     return c.replace(local_global_pattern="", rope_local_theta=None, **local_rope)
 
+  @property
+  def expert_d_ff(self) -> int:
+    """The hidden width of each routed expert."""
+    return self.moe_d_ff or self.d_ff
+
   def is_moe_layer(self, index: int) -> bool:
-    """Whether layer `index` (0-based, within its stack) has a mixture-of-experts FFN."""
-    return self.moe_experts > 0 and (index + 1) % self.moe_every == 0
+    """Whether layer `index` (0-based, within its stack) has a mixture-of-experts FFN: past
+    the first `moe_first_dense`, every `moe_every`-th."""
+    sparse = index >= self.moe_first_dense and (index + 1) % self.moe_every == 0
+    return self.moe_experts > 0 and sparse
 
 
 def _validate(c: ModelConfig) -> None:

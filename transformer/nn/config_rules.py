@@ -101,8 +101,11 @@ def validate_moe(c: Any) -> None:
     fail("moe_shared_gate", c.moe_shared_gate, "must be True or False")
   if c.moe_shared_gate and not c.moe_shared_d_ff:
     fail("moe_shared_gate", True, "needs a shared expert (moe_shared_d_ff > 0)")
-  if c.moe_shared_d_ff and not c.moe_experts:
-    fail("moe_shared_d_ff", c.moe_shared_d_ff, "needs moe_experts > 0")
+  if not is_int(c.moe_d_ff) or c.moe_d_ff < 0:
+    fail("moe_d_ff", c.moe_d_ff, "must be an integer >= 0 (0 = d_ff)")
+  for field in ("moe_shared_d_ff", "moe_d_ff", "moe_first_dense"):
+    if getattr(c, field) and not c.moe_experts:
+      fail(field, getattr(c, field), "needs moe_experts > 0")
   if c.moe_router not in ("softmax", "sigmoid"):
     fail("moe_router", c.moe_router, "must be one of softmax, sigmoid")
   if not isinstance(c.moe_selection_bias, bool):
@@ -117,6 +120,11 @@ def validate_moe(c: Any) -> None:
     fail("moe_every", c.moe_every, f"must be an integer in [1, num_layers={c.num_layers}]")
   if c.scan_layers and c.moe_every != 1:
     fail("moe_every", c.moe_every, "must be 1 with scan_layers=True (scanned layers are alike)")
+  dense = c.moe_first_dense
+  if not is_int(dense) or not 0 <= dense < c.num_layers:
+    fail("moe_first_dense", dense, f"must be an integer in [0, num_layers={c.num_layers})")
+  if c.scan_layers and dense:
+    fail("moe_first_dense", dense, "must be 0 with scan_layers=True (scanned layers are alike)")
   f = c.moe_capacity_factor
   if f is not None and (not is_number(f) or not f > 0):
     fail("moe_capacity_factor", f, "must be a number > 0, or None (dropless)")

@@ -45,7 +45,8 @@ def moe_params(c: ModelConfig) -> int:
   shared = ffn_params(c.replace(d_ff=c.moe_shared_d_ff)) if c.moe_shared_d_ff else 0
   gate = c.d_model if c.moe_shared_gate else 0
   bias = c.moe_experts if c.moe_selection_bias else 0  # DeepSeek-V3's choice bias [E]
-  return c.d_model * c.moe_experts + c.moe_experts * ffn_params(c) + shared + gate + bias
+  experts = c.moe_experts * ffn_params(c.replace(d_ff=c.expert_d_ff))
+  return c.d_model * c.moe_experts + experts + shared + gate + bias
 
 
 def stack_params(c: ModelConfig, layers: int, cross: bool) -> int:
@@ -93,10 +94,11 @@ def layer_flops(
   the K experts a token is sent to (capacity slots left empty are not counted)."""
   d, qh = c.d_model, c.num_heads * c.head_dim
   attn_proj = 2 * (d * qh + 2 * d * c.kv_heads * c.head_dim + qh * d)
-  ffn = 2 * ((2 if c.gated else 1) * d * c.d_ff + c.d_ff * d)
-  if moe:  # + the shared expert (as wide as it is) and its gate
-    shared = ffn * c.moe_shared_d_ff / c.d_ff + (2 * d if c.moe_shared_gate else 0)
-    ffn = 2 * d * c.moe_experts + c.moe_top_k * ffn + shared
+  per_unit = 2 * ((2 if c.gated else 1) * d + d)  # per hidden unit of a feed-forward
+  ffn = per_unit * c.d_ff
+  if moe:  # the router, K experts, the shared expert (as wide as it is) and its gate
+    shared = per_unit * c.moe_shared_d_ff + (2 * d if c.moe_shared_gate else 0)
+    ffn = 2 * d * c.moe_experts + c.moe_top_k * per_unit * c.expert_d_ff + shared
   scores = 4 * attended_keys(seq_len, causal, c.sliding_window) * qh
   cross_scores = 4 * seq_len * qh
   return attn_proj + ffn + scores + ((attn_proj + cross_scores) if cross else 0)

@@ -230,8 +230,8 @@ class MoEFeedForward(nn.Module):
     names = ("wi_0", "wi_1") if c.gated else ("wi",)
     ffn = _ExpertFFN(
       c,
-      w_in=tuple(weights(n, c.d_model, c.d_ff) for n in names),
-      w_out=weights("wo", c.d_ff, c.d_model),
+      w_in=tuple(weights(n, c.d_model, c.expert_d_ff) for n in names),
+      w_out=weights("wo", c.expert_d_ff, c.d_model),
       dropout=functools.partial(make_dropout(c), deterministic=deterministic),
     )
     if c.moe_capacity_factor is None:
