@@ -1,7 +1,8 @@
 """Benchmarks run end to end at tiny sizes on the CPU: the prepared GPU benchmark, so it
 still works when a GPU machine is available (it is run there, not here), and
 `benchmarks/decode_vs_hf.py`, whose greedy tokens equal Hugging Face's (exit status 0) and
-whose table holds finite numbers; the helpers of two others."""
+whose table holds finite numbers; `benchmarks/mla_decode.py`, whose cache sizes are the
+analytic ones; the helpers of two others."""
 
 from __future__ import annotations
 
@@ -106,3 +107,19 @@ def test_dense_layouts_times_three_gemms_per_layout():
   ms = dense_layouts.dense_gemms(64, 8, 16, repeats=1)
   assert sorted(ms) == ["feature-major", "token-major"]
   assert all(len(v) == 3 and all(t > 0 for t in v) for v in ms.values()), ms
+
+
+def test_mla_decode_benchmark_tiny():
+  """The latent cache is C + R = 160 numbers per layer and token against MHA's 2 N H =
+  1,024, from the models' own caches; every variant decodes."""
+  out = _run_benchmark("mla_decode.py", "--new-tokens", "4", "--batch-sizes", "1", "--rounds", "1")
+  assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+  lines = out.stdout.splitlines()
+  for row in (
+    "| MHA | 14.71M | 16,384 | 1.0 |",
+    "| GQA | 13.13M | 4,096 | 4.0 |",
+    "| MLA | 13.39M | 2,560 | 6.4 |",
+  ):
+    assert row in lines, out.stdout
+  decoded = [line for line in lines if line.startswith(("| MHA | 1 ", "| GQA | 1 ", "| MLA | 1 "))]
+  assert len(decoded) == 3, out.stdout

@@ -44,6 +44,8 @@ RECIPES: dict[str, tuple[tuple, dict, dict]] = {
   "lm_shakespeare": ((None,), {}, {}),
   "lm_shakespeare_nanogpt": ((None,), {}, {}),  # the race's like-for-like config
   "lm_shakespeare_parquet": ((None,), {}, {}),  # data.source='hf': the shipped Parquet speeches
+  "lm_shakespeare_moe": ((None,), {}, {"num_layers": 2}),  # layer 0 dense, layer 1 MoE
+  "lm_shakespeare_mla": ((None,), {}, {"attention_head_dim": 16}),  # latent attention
   "lm_mixture": ((None,), {}, {}),  # data.mixture: the plays and the English verses, 70 : 30
   "gpt2": (("small", "medium", "large"), {}, {}),  # lm1b
   "bert": (("base", "large"), {}, {}),  # lm1b (mlm)

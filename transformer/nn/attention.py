@@ -13,8 +13,6 @@ import functools
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
-from jax import lax
 
 from transformer.nn import cache_attention
 from transformer.nn.config import ModelConfig
@@ -138,53 +136,10 @@ class MultiHeadAttention(nn.Module):
     return out_proj(out)  # [B, T, D]
 
   def _update_cache(self, k, v, info: MaskInfo):
-    """Writes k, v [B, T, K, H] at the cache index; returns the whole cache, [B * K, S, H]
-    each (`cache_attention` layout), and the info of the queries over it.
-
-    S is the cache's own length: `model.init` creates config.max_len slots, the decoding
-    loops resize it (`cache_attention.resize`); writing past S is the caller's error. A
-    prefix (prefix-LM) must arrive whole in one call, as the prompt of a prefill: its
-    keys past the call are not cached yet, and later calls' queries see earlier keys
-    causally anyway.
-    """
-    c = self.config
-    b, t, kv, h = k.shape
-    initialized = self.has_variable("cache", "cached_key")
-    zeros = functools.partial(jnp.zeros, dtype=k.dtype)
-    cached_key = self.variable("cache", "cached_key", zeros, (b * kv, c.max_len, h))
-    cached_value = self.variable("cache", "cached_value", zeros, (b * kv, c.max_len, h))
-    cached_pos = self.variable("cache", "cached_positions", jnp.zeros, (b, c.max_len), jnp.int32)
-    cached_seg = self.variable("cache", "cached_segment_ids", jnp.zeros, (b, c.max_len), jnp.int32)
-    index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
-    if not initialized:  # Creating the cache (model.init): nothing to attend over yet.
-      return cache_attention.to_cache_layout(k), cache_attention.to_cache_layout(v), info
-    i = index.value
-    s = cached_key.value.shape[1]
-    cached_key.value = cache_attention.write(cached_key.value, k, i)  # [B * K, S, H]
-    cached_value.value = cache_attention.write(cached_value.value, v, i)  # [B * K, S, H]
-    cached_pos.value = lax.dynamic_update_slice(
-      cached_pos.value, info.q_positions.astype(jnp.int32), (0, i)
-    )
-    q_seg = info.q_segment_ids
-    if q_seg is None:
-      q_seg = jnp.ones((b, t), jnp.int32)
-    cached_seg.value = lax.dynamic_update_slice(cached_seg.value, q_seg.astype(jnp.int32), (0, i))
-    index.value = i + t
-    kv_prefix = None
-    if info.q_prefix is not None:
-      kv_prefix = lax.dynamic_update_slice(jnp.zeros((b, s), bool), info.q_prefix, (0, i))  # [B, S]
-    info = MaskInfo(
-      q_positions=info.q_positions,
-      kv_positions=cached_pos.value,
-      q_segment_ids=q_seg.astype(jnp.int32),
-      kv_segment_ids=cached_seg.value,
-      q_offset=i,
-      causal=True,
-      window=info.window,
-      q_prefix=info.q_prefix,
-      kv_prefix=kv_prefix,
-    )
-    return cached_key.value, cached_value.value, info
+    """Writes k, v [B, T, K, H] at the cache index (`cache_attention.update`); returns the
+    whole cache, [B * K, S, H] each, and the info of the queries over it."""
+    caches, info = cache_attention.update(self, {"cached_key": k, "cached_value": v}, info)
+    return caches["cached_key"], caches["cached_value"], info
 
   def _source_cache(self, key, value, kv_input, kv_axes):
     """Cross-attention keys and values while decoding, [B * K, S, H] each.

@@ -17,6 +17,7 @@ from transformer.nn.attention import MultiHeadAttention
 from transformer.nn.config import ModelConfig
 from transformer.nn.layers import FeedForward, make_dropout, make_norm
 from transformer.nn.masks import MaskInfo
+from transformer.nn.mla import LatentAttention
 from transformer.nn.moe import AUX_COLLECTION, MoEFeedForward
 from transformer.nn.partitioning import constrain
 from transformer.nn.positions import position_for
@@ -97,7 +98,8 @@ class Block(nn.Module):
     c = self.config
 
     def self_attention(h):
-      attn = MultiHeadAttention(c, name="self_attention")
+      kind = LatentAttention if c.mla_kv_rank else MultiHeadAttention
+      attn = kind(c, name="self_attention")
       return attn(h, None, info, position_table, deterministic, decode)
 
     def layer_scale(name: str) -> jax.Array | None:  # [D] per residual branch, or None

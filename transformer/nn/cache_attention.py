@@ -34,6 +34,7 @@ from transformer.nn.masks import BlockBias, MaskInfo
 LENGTH_AXES = {
   "cached_key": -2,
   "cached_value": -2,
+  "cached_latent": -2,  # latent attention's [B, S, C + R] (`mla.py`)
   "cached_positions": -1,
   "cached_segment_ids": -1,
 }
@@ -52,6 +53,59 @@ def write(cache: jax.Array, new: jax.Array, index: jax.Array | int) -> jax.Array
   return lax.dynamic_update_slice(cache, to_cache_layout(new).astype(cache.dtype), (0, index, 0))
 
 
+def update(
+  module: Any, new: dict[str, jax.Array], info: MaskInfo
+) -> tuple[dict[str, jax.Array], MaskInfo]:
+  """Writes each of `new` (cache variable -> [B, T, K, F]) at the cache index of the
+  Flax `module`'s 'cache' collection, with the queries' positions and segment ids; returns
+  the whole caches, [B * K, S, F] each, and the info of the queries over them.
+
+  S is the cache's own length: `model.init` creates config.max_len slots, the decoding
+  loops resize it (`resize`); writing past S is the caller's error. A prefix (prefix-LM)
+  must arrive whole in one call, as the prompt of a prefill: its keys past the call are
+  not cached yet, and later calls' queries see earlier keys causally anyway.
+  """
+  b, t = info.q_positions.shape
+  slots = module.config.max_len
+  initialized = module.has_variable("cache", "cache_index")
+  caches = {
+    name: module.variable("cache", name, jnp.zeros, (b * x.shape[2], slots, x.shape[3]), x.dtype)
+    for name, x in new.items()
+  }
+  cached_pos = module.variable("cache", "cached_positions", jnp.zeros, (b, slots), jnp.int32)
+  cached_seg = module.variable("cache", "cached_segment_ids", jnp.zeros, (b, slots), jnp.int32)
+  index = module.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+  if not initialized:  # Creating the cache (model.init): nothing to attend over yet.
+    return {name: to_cache_layout(x) for name, x in new.items()}, info
+  i = index.value
+  for name, x in new.items():
+    caches[name].value = write(caches[name].value, x, i)  # [B * K, S, F]
+  s = cached_pos.value.shape[1]
+  cached_pos.value = lax.dynamic_update_slice(
+    cached_pos.value, info.q_positions.astype(jnp.int32), (0, i)
+  )
+  q_seg = info.q_segment_ids
+  if q_seg is None:
+    q_seg = jnp.ones((b, t), jnp.int32)
+  cached_seg.value = lax.dynamic_update_slice(cached_seg.value, q_seg.astype(jnp.int32), (0, i))
+  index.value = i + t
+  kv_prefix = None
+  if info.q_prefix is not None:
+    kv_prefix = lax.dynamic_update_slice(jnp.zeros((b, s), bool), info.q_prefix, (0, i))  # [B, S]
+  info = MaskInfo(
+    q_positions=info.q_positions,
+    kv_positions=cached_pos.value,
+    q_segment_ids=q_seg.astype(jnp.int32),
+    kv_segment_ids=cached_seg.value,
+    q_offset=i,
+    causal=True,
+    window=info.window,
+    q_prefix=info.q_prefix,
+    kv_prefix=kv_prefix,
+  )
+  return {name: v.value for name, v in caches.items()}, info
+
+
 def attend(
   q: jax.Array,
   k: jax.Array,
@@ -65,12 +119,13 @@ def attend(
   """softmax(scale * q k^T + bias, masked by `info`) v over cached keys and values.
 
   q: [R, T, N, H] with R = r * B (r > 1: r beams per cache row, cross-attention only);
-  k, v: [B * K, S, H] with K = kv_heads; info: the queries' MaskInfo over the S cached
+  k: [B * K, S, H] with K = kv_heads, v: [B * K, S, F] (F = H but for latent attention,
+  `mla.py`); info: the queries' MaskInfo over the S cached
   keys; bias: float
   [R|1, N, T, S] or a `BlockBias` (r = 1 only); scale: None = H**-0.5; softcap: the
   scores' soft cap (`kernels.soft_cap`), None = none. Masked logits and
   fully masked rows are treated as in `kernels.dot_product_attention`.
-  Returns [R, T, N, H] in q's dtype.
+  Returns [R, T, N, F] in q's dtype.
   """
   rows, t, n, h = q.shape
   bk, s, _ = k.shape
@@ -100,8 +155,9 @@ def attend(
   if mask is not None:
     logits = jnp.where(mask[:, :, None], logits, MASK_VALUE)
   probs = jax.nn.softmax(logits, axis=-1).astype(v.dtype).reshape(bk, g * r * t, s)
-  out = jnp.einsum("XQS,XSH->XQH", probs, v).reshape(b, kv, g, r * t, h)  # [B, K, G, rT, H]
-  return out.transpose(0, 3, 1, 2, 4).reshape(rows, t, n, h).astype(q.dtype)
+  f = v.shape[-1]
+  out = jnp.einsum("XQS,XSF->XQF", probs, v).reshape(b, kv, g, r * t, f)  # [B, K, G, rT, F]
+  return out.transpose(0, 3, 1, 2, 4).reshape(rows, t, n, f).astype(q.dtype)
 
 
 def _name(path) -> str:

@@ -152,6 +152,12 @@ class ModelConfig:
   scan_layers: bool = False  # nn.scan over layers (compile time flat in depth)
   remat_policy: str = "none"  # none | full | dots | dots_no_batch (nn.remat per layer)
   ops: str = "fast"  # fast (transformer.ops kernels for XLA:CPU) | plain (flax / lax ops)
+  # Multi-head latent attention (`mla.py`, DeepSeek-V2/V3): keys and values from a shared
+  # low-rank latent; head_dim is the unrotated part of each query and key head.
+  mla_kv_rank: int = 0  # rank C of the key-value latent; 0 = ordinary attention (`attention.py`)
+  mla_q_rank: int = 0  # rank of the queries' low-rank projection; 0 = one full projection
+  mla_rope_dim: int = 64  # features R of each query head and of the one shared key that rotate
+  mla_v_dim: int = 0  # value head dim; 0 = head_dim
   # Mixture of experts (`moe.py`): the FFN of every moe_every-th layer becomes E experts.
   moe_experts: int = 0  # experts E per MoE layer; 0 = dense feed-forward everywhere
   moe_top_k: int = 2  # experts per token: 1 = Switch, 2 = GShard / Mixtral
@@ -255,6 +261,11 @@ class ModelConfig:
     return c.replace(local_global_pattern="", rope_local_theta=None, **local_rope)
 
   @property
+  def mla_value_dim(self) -> int:
+    """The value head dim of latent attention."""
+    return self.mla_v_dim or self.head_dim
+
+  @property
   def expert_d_ff(self) -> int:
     """The hidden width of each routed expert."""
     return self.moe_d_ff or self.d_ff
@@ -328,6 +339,7 @@ def _validate(c: ModelConfig) -> None:
     fail("attention_scale", c.attention_scale, "must be > 0 or None (H**-0.5)")
   rules.validate_layer_pattern(c)
   rules.validate_moe(c)
+  rules.validate_mla(c)
   rules.validate_lora(c)
   rules.validate_vision(c)
   rules.validate_seq2seq(c)

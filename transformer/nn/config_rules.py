@@ -142,6 +142,37 @@ def _validate_groups(c: Any) -> None:
     fail("moe_top_k", c.moe_top_k, "exceeds the experts of the moe_top_groups groups")
 
 
+def validate_mla(c: Any) -> None:
+  """Latent attention (`mla.py`): decoder self-attention with RoPE on its own features."""
+  for field in ("mla_kv_rank", "mla_q_rank", "mla_v_dim"):
+    if not is_int(getattr(c, field)) or getattr(c, field) < 0:
+      fail(field, getattr(c, field), "must be an integer >= 0")
+  if not c.mla_kv_rank:
+    for field in ("mla_q_rank", "mla_v_dim"):
+      if getattr(c, field):
+        fail(field, getattr(c, field), "needs mla_kv_rank > 0 (latent attention)")
+    return
+  r = c.mla_rope_dim
+  if not is_int(r) or r <= 0 or r % 2:
+    fail("mla_rope_dim", r, "must be an even integer > 0")
+  needs = (
+    ("family", c.family == "decoder", "decoder"),
+    ("position", c.position == "rope", "rope"),
+    ("rope_fraction", c.rope_fraction == 1.0, 1.0),
+    ("rope_pattern", not c.rope_pattern, ""),
+    ("qk_norm", not c.qk_norm, False),
+    ("qkv_bias", c.qkv_bias is None, None),
+    ("num_kv_heads", c.kv_heads == c.num_heads, c.num_heads),
+  )
+  for field, ok, want in needs:
+    if not ok:
+      fail(field, getattr(c, field), f"must be {want!r} with latent attention (mla_kv_rank > 0)")
+  frozen = [t for t in c.lora_targets if re.search(t, "self_attention/key_up")]
+  frozen += [t for t in c.lora_targets if re.search(t, "self_attention/value_up")]
+  if c.lora_rank and frozen:
+    fail("lora_targets", frozen[0], "latent attention's key_up / value_up take no LoRA adapters")
+
+
 def validate_lora(c: Any) -> None:
   if not is_int(c.lora_rank) or c.lora_rank < 0:
     fail("lora_rank", c.lora_rank, "must be an integer >= 0 (0 = no adapters)")

@@ -22,6 +22,8 @@ def norm_params(c: ModelConfig) -> int:
 def attention_params(c: ModelConfig, is_cross: bool = False) -> int:
   """Projections (+ biases, + QK-norm scales) of one attention layer, + its position
   parameters (self-attention only)."""
+  if c.mla_kv_rank and not is_cross:
+    return _latent_attention_params(c)
   q_out, kv_out = c.num_heads * c.head_dim, c.kv_heads * c.head_dim
   weights = c.d_model * q_out + 2 * c.d_model * kv_out + q_out * c.d_model
   biases = (q_out + 2 * kv_out if c.qkv_biases else 0) + (c.d_model if c.use_bias else 0)
@@ -30,6 +32,24 @@ def attention_params(c: ModelConfig, is_cross: bool = False) -> int:
     qk_norm = 2 * c.head_dim if c.qk_norm_over == "head" else q_out + kv_out
   # Position parameters exist in self-attention only (cross-attention has no positions).
   return weights + biases + qk_norm + (0 if is_cross else position_for(c).attention_params())
+
+
+def _latent_attention_params(c: ModelConfig) -> int:
+  """`mla.LatentAttention`: the query projection (low-rank: down [D, Q] (+ bias), its norm
+  [Q], up [Q, N, H + R]), kv_down [D, C + R] (+ bias), its norm [C], key_up [C, N, H],
+  value_up [C, N, V], out [N, V, D] (+ bias)."""
+  d, n, h, r, rank, q = (
+    c.d_model,
+    c.num_heads,
+    c.head_dim,
+    c.mla_rope_dim,
+    c.mla_kv_rank,
+    c.mla_q_rank,
+  )
+  bias = int(c.use_bias)
+  query = d * q + bias * q + q + q * n * (h + r) if q else d * n * (h + r)
+  kv = d * (rank + r) + bias * (rank + r) + rank + rank * n * (h + c.mla_value_dim)
+  return query + kv + n * c.mla_value_dim * d + bias * d
 
 
 def ffn_params(c: ModelConfig) -> int:
@@ -100,6 +120,18 @@ def layer_flops(
     shared = per_unit * c.moe_shared_d_ff + (2 * d if c.moe_shared_gate else 0)
     ffn = 2 * d * c.moe_experts + c.moe_top_k * per_unit * c.expert_d_ff + shared
   scores = 4 * attended_keys(seq_len, causal, c.sliding_window) * qh
+  if c.mla_kv_rank:  # latent attention: its projections, keys and values expanded per token
+    n, h, r, rank, q, v = (
+      c.num_heads,
+      c.head_dim,
+      c.mla_rope_dim,
+      c.mla_kv_rank,
+      c.mla_q_rank,
+      c.mla_value_dim,
+    )
+    query = 2 * (d * q + q * n * (h + r)) if q else 2 * d * n * (h + r)
+    attn_proj = query + 2 * d * (rank + r) + 2 * rank * n * (h + v) + 2 * n * v * d
+    scores = 2 * attended_keys(seq_len, causal, c.sliding_window) * n * (h + r + v)
   cross_scores = 4 * seq_len * qh
   return attn_proj + ffn + scores + ((attn_proj + cross_scores) if cross else 0)
 

@@ -46,6 +46,10 @@ LOGICAL_AXES: tuple[tuple[str, tuple[str | None, ...]], ...] = (
   (r"moe/wo/bias$", ("expert", None)),
   (r"lora_(a|b)$", (None, None)),  # LoRA adapters (nn/lora.py): small, replicated
   (r"(query)/kernel$", ("embed", "heads", "head_dim")),
+  (r"(query_down|kv_down)/kernel$", ("embed", None)),  # latent attention (nn/mla.py)
+  (r"(query_down|kv_down)/bias$", (None,)),
+  (r"(query_down_norm|kv_down_norm)/scale$", (None,)),
+  (r"(query_up|key_up|value_up)/kernel$", (None, "heads", "head_dim")),
   (r"(key|value)/kernel$", ("embed", "kv_heads", "head_dim")),
   (r"(query)/bias$", ("heads", "head_dim")),
   (r"(key|value)/bias$", ("kv_heads", "head_dim")),
