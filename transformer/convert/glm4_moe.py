@@ -28,20 +28,15 @@ from transformer.nn.config import ModelConfig
 ARCHITECTURE = "Glm4MoeForCausalLM"
 
 
-def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
-  a = ARCHITECTURE
+def moe_from_hf(hf: Mapping[str, Any], a: str) -> dict[str, Any]:
+  """The MoE fields of DeepSeek-V3's layout (GLM-4.5 and DeepSeek-V3 share it)."""
   layers, dense = hf["num_hidden_layers"], hf.get("first_k_dense_replace", 1)
-  if not 0 <= dense < layers:  # a model with no MoE layer is GLM-4's (`convert.glm4`)
+  if not 0 <= dense < layers:  # a model with no MoE layer is a dense family's
     raise ValueError(
       f"{a}: first_k_dense_replace={dense} is not supported (supported: 0 .. {layers - 1})"
     )
-  hf = {"partial_rotary_factor": 0.5, **hf}  # Glm4MoeConfig's default
-  fields = llama.common(hf, a, False, partial_rope=True)
-  fields |= {"qkv_bias": hf.get("attention_bias", False) or None}
-  fields |= {"qk_norm": hf.get("use_qk_norm", False)}
-  fields |= mixtral.moe_fields(hf, "n_routed_experts", hf.get("norm_topk_prob", True))
   width = hf["moe_intermediate_size"]
-  return fields | {
+  return mixtral.moe_fields(hf, "n_routed_experts", hf.get("norm_topk_prob", True)) | {
     "moe_d_ff": width,
     "moe_first_dense": dense,
     "moe_shared_d_ff": width * hf.get("n_shared_experts", 1),
@@ -53,14 +48,9 @@ def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
   }
 
 
-def config_to_hf(c: ModelConfig) -> dict[str, Any]:
-  out = llama.config_to_hf(c) | {"model_type": "glm4_moe", "attention_bias": c.qkv_biases}
-  out["rope_parameters"]["partial_rotary_factor"] = c.rope_fraction
-  del out["mlp_bias"]
-  out |= mixtral.moe_to_hf(c, "n_routed_experts") | NO_TOKEN_IDS
+def moe_to_hf(c: ModelConfig) -> dict[str, Any]:
   normalise = c.moe_top_k > 1 if c.moe_norm_topk is None else c.moe_norm_topk
-  return out | {
-    "use_qk_norm": c.qk_norm,
+  return mixtral.moe_to_hf(c, "n_routed_experts") | {
     "moe_intermediate_size": c.expert_d_ff,
     "first_k_dense_replace": c.moe_first_dense,
     "n_shared_experts": c.moe_shared_d_ff // c.expert_d_ff,
@@ -72,7 +62,22 @@ def config_to_hf(c: ModelConfig) -> dict[str, Any]:
   }
 
 
-def _feed_forward(c: ModelConfig, ours: str, hf: str, i: int) -> list[Rule]:
+def config_from_hf(hf: Mapping[str, Any]) -> dict[str, Any]:
+  a = ARCHITECTURE
+  hf = {"partial_rotary_factor": 0.5, **hf}  # Glm4MoeConfig's default
+  fields = llama.common(hf, a, False, partial_rope=True) | moe_from_hf(hf, a)
+  fields |= {"qkv_bias": hf.get("attention_bias", False) or None}
+  return fields | {"qk_norm": hf.get("use_qk_norm", False)}
+
+
+def config_to_hf(c: ModelConfig) -> dict[str, Any]:
+  out = llama.config_to_hf(c) | {"model_type": "glm4_moe", "attention_bias": c.qkv_biases}
+  out["rope_parameters"]["partial_rotary_factor"] = c.rope_fraction
+  del out["mlp_bias"]
+  return out | moe_to_hf(c) | NO_TOKEN_IDS | {"use_qk_norm": c.qk_norm}
+
+
+def feed_forward(c: ModelConfig, ours: str, hf: str, i: int) -> list[Rule]:
   """Layer i's dense SwiGLU, or its router (with the choice bias), experts and shared
   expert."""
   if not c.is_moe_layer(i):
@@ -87,7 +92,7 @@ def _feed_forward(c: ModelConfig, ours: str, hf: str, i: int) -> list[Rule]:
 
 
 def rules(c: ModelConfig) -> list[Rule]:
-  return llama.decoder_rules(c, _feed_forward)
+  return llama.decoder_rules(c, feed_forward)
 
 
 CONVERTERS = {
