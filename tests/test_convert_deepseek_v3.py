@@ -17,8 +17,8 @@ import re
 import numpy as np
 import pytest
 import test_convert_hf as parity
-import torch
 import transformers
+from test_convert_glm4_moe import with_choice_bias
 
 from transformer import convert
 
@@ -33,11 +33,7 @@ MLA = dict(
 
 def _deepseek(**fields):
   config = transformers.DeepseekV3Config(**SIZES, **MLA, **(SHARED | fields))
-  model = transformers.DeepseekV3ForCausalLM(config)
-  with torch.no_grad():  # a choice bias large enough to change which experts are chosen
-    for layer in model.model.layers[config.first_k_dense_replace :]:
-      layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
-  return model
+  return with_choice_bias(transformers.DeepseekV3ForCausalLM(config))
 
 
 def _grouped():

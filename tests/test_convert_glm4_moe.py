@@ -26,12 +26,18 @@ SHARED = dict(bos_token_id=None, eos_token_id=None, pad_token_id=0, **parity.COM
 SIZES = dict(vocab_size=V, intermediate_size=FFN, max_position_embeddings=MAX_LEN)
 
 
-def _glm(**fields):
-  model = transformers.Glm4MoeForCausalLM(transformers.Glm4MoeConfig(**SIZES, **SHARED | fields))
-  with torch.no_grad():  # a choice bias large enough to change which experts are chosen
+def with_choice_bias(model):
+  """`model` (GLM-4.5's or DeepSeek-V3's layout) with a choice bias on each MoE layer large
+  enough to change which experts are chosen (the checkpoints' own start at zero)."""
+  with torch.no_grad():
     for layer in model.model.layers[model.config.first_k_dense_replace :]:
       layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
   return model
+
+
+def _glm(**fields):
+  config = transformers.Glm4MoeConfig(**SIZES, **SHARED | fields)
+  return with_choice_bias(transformers.Glm4MoeForCausalLM(config))
 
 
 def _grouped():

@@ -106,7 +106,9 @@ class MultiHeadAttention(nn.Module):
       q = position.rotate(q, info.q_positions)  # [B, T, N, H]
       k = position.rotate(k, info.kv_positions)  # [B, S, K, H]
       if decode:
-        k, v, info = self._update_cache(k, v, info)  # the whole cache: [B * K, S, H] each
+        new = {"cached_key": k, "cached_value": v}
+        caches, info = cache_attention.update(self, new, info)  # [B * K, S, H] each
+        k, v = caches["cached_key"], caches["cached_value"]
       bias = position.bias(self, info, position_table)  # a BlockBias (built per block) or None
 
     if decode and return_weights:
@@ -134,12 +136,6 @@ class MultiHeadAttention(nn.Module):
       self.sow("intermediates", "attention_weights", weights)
     out_proj = make_dense_general(c, c.d_model, "out", use_bias=c.use_bias, axis=(-2, -1))
     return out_proj(out)  # [B, T, D]
-
-  def _update_cache(self, k, v, info: MaskInfo):
-    """Writes k, v [B, T, K, H] at the cache index (`cache_attention.update`); returns the
-    whole cache, [B * K, S, H] each, and the info of the queries over it."""
-    caches, info = cache_attention.update(self, {"cached_key": k, "cached_value": v}, info)
-    return caches["cached_key"], caches["cached_value"], info
 
   def _source_cache(self, key, value, kv_input, kv_axes):
     """Cross-attention keys and values while decoding, [B * K, S, H] each.
